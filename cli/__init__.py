@@ -1,0 +1,1 @@
+"""The `ggpo` command line: a thin Typer shell over the ggpo_offline library."""

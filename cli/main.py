@@ -1,0 +1,113 @@
+"""The `ggpo` command: parses flags, calls one library function, prints results or one error line."""
+
+import sys
+from pathlib import Path
+
+import typer
+
+from ggpo_cli import render
+from ggpo_offline.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Offline fixed-pool RLVR experiments.")
+pool_app = typer.Typer(no_args_is_help=True, help="Look at and check pool files.")
+app.add_typer(pool_app, name="pool")
+
+
+@app.command("generate-pool")
+def generate_pool(
+    model: str = typer.Option(None, help="Local Hugging Face model folder [default: the embedded tiny model]."),
+    dataset: str = typer.Option("arith:train", help="arith[:train|test], a .jsonl/.json/.parquet file, or hf:NAME[:SPLIT]."),
+    problem_key: str = typer.Option(None, help="Problem column [default: problem, question or prompt]."),
+    answer_key: str = typer.Option(None, help="Gold answer column [default: answer]."),
+    solution_key: str = typer.Option(None, help="Solution column whose last \\boxed{} is the gold when there is no answer column."),
+    num_prompts: int = typer.Option(None, help="Number of prompts [default: arith 6000, files all rows]."),
+    samples_per_prompt: int = typer.Option(8, "--samples-per-prompt", "-m", help="Responses per prompt (group size m)."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling threshold (1.0 = off)."),
+    top_k: int = typer.Option(0, help="Top-k sampling (0 = off)."),
+    max_tokens: int = typer.Option(128, help="Response length limit in tokens."),
+    seed: int = typer.Option(0, help="Global sampling seed (each prompt derives its own)."),
+    engine: str = typer.Option("vllm", help="Generation engine: vllm or hf."),
+    dtype: str = typer.Option("auto", help="Engine dtype: auto, float32, bfloat16, float16."),
+    template: str = typer.Option("auto", help="Prompt format: auto, chat (paper prompts) or plain."),
+    mixed_only: bool = typer.Option(False, "--mixed-only", help="Keep only groups with 0 < sum(r) < m."),
+    out: Path = typer.Option(Path("pools/base.parquet"), help="Output pool file."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing pool file."),
+    reward_workers: int = typer.Option(2, help="Worker processes for math-verify (0 = in-process)."),
+) -> None:
+    """Sample m responses per prompt, score them with math-verify and write a Parquet pool."""
+    from ggpo_offline.engines import SamplingSettings
+    from ggpo_offline.generate import GenerateConfig
+    from ggpo_offline.generate import generate_pool as run
+    from ggpo_offline.pool.inspect import pool_summary
+
+    sampling = SamplingSettings(samples_per_prompt, temperature, top_p, top_k, max_tokens, seed)
+    config = GenerateConfig(
+        model=model, dataset=dataset, problem_key=problem_key, answer_key=answer_key, solution_key=solution_key,
+        num_prompts=num_prompts, sampling=sampling, engine=engine, dtype=dtype, template=template,
+        mixed_only=mixed_only, out=out, overwrite=overwrite, reward_workers=reward_workers,
+    )
+    with render.GenerationProgress() as progress:
+        path = run(config, on_batch=progress.update)
+    render.print_summary(pool_summary(path))
+
+
+@pool_app.command("inspect")
+def pool_inspect(path: Path = typer.Argument(..., help="Pool file.")) -> None:
+    """Counts, rewards, mixed groups, lengths, truncation and metadata of a pool."""
+    from ggpo_offline.pool.inspect import pool_summary
+    from ggpo_offline.pool.validate import validate_pool
+
+    validate_pool(path)
+    render.print_summary(pool_summary(path), with_metadata=True)
+
+
+@pool_app.command("validate")
+def pool_validate(path: Path = typer.Argument(..., help="Pool file.")) -> None:
+    """Check schema, group layout, token/log-prob lengths, log-prob range and rewards."""
+    from ggpo_offline.pool.validate import validate_pool
+
+    print(validate_pool(path).summary())
+
+
+@app.command("build-tiny-model")
+def build_tiny_model(
+    out: Path = typer.Option(..., help="Folder to write the model into."),
+    seed: int = typer.Option(0, help="Training seed."),
+    steps: int = typer.Option(2200, help="Optimizer steps."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Write into an existing non-empty folder."),
+) -> None:
+    """Rebuild the embedded tiny model from its recipe (tokenizer, task, supervised pretraining)."""
+    from ggpo_offline.tiny import build_tiny_model as build
+
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"{out} exists and is not empty; pass --overwrite to write into it")
+    stats = build(out, seed=seed, steps=steps)
+    print(f"wrote {out}: " + ", ".join(f"{k}={v}" for k, v in stats.items() if not isinstance(v, (list, dict))))
+
+
+def main() -> None:
+    """Console entry point: a UserError becomes one line on stderr and exit code 1."""
+    try:
+        app(standalone_mode=False)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except Exception as error:  # click's usage errors
+        import click
+
+        if isinstance(error, click.ClickException):
+            error.show()
+            sys.exit(error.exit_code)
+        if isinstance(error, click.exceptions.Abort):
+            sys.exit(1)
+        raise
+
+
+if __name__ == "__main__":
+    main()

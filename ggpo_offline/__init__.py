@@ -1,0 +1,3 @@
+"""ggpo-offline: fixed-pool experiments for RL with verifiable rewards."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,207 @@
+"""A built-in synthetic arithmetic task: five difficulty levels with worked, step-by-step solutions."""
+
+import hashlib
+import itertools
+import random
+import re
+from dataclasses import dataclass
+from functools import cache
+from typing import Literal
+
+from ggpo_offline.problems import Problem
+
+LEVELS = (1, 2, 3, 4, 5)
+Split = Literal["train", "test"]
+
+# Each level is a set of expression templates and the operand range that fills them. Every combination
+# whose intermediate values stay in [0, MAX_VALUE] is a problem, so each level is finite and enumerable.
+# The ranges are sized so that a ~1M-parameter char-level model solves some but not all of each level.
+_LEVEL_TEMPLATES: dict[int, tuple[tuple[str, ...], range]] = {
+    1: (("{} + {}",), range(0, 10)),
+    2: (("{} + {}", "{} - {}"), range(0, 20)),
+    3: (("{} + {} + {}", "{} + {} - {}", "{} - {} + {}", "{} * {}"), range(1, 10)),
+    4: (("{} + {} * {}", "{} * {} + {}", "{} * {} - {}", "{} - {} * {}"), range(1, 10)),
+    5: (
+        ("({} + {}) * {}", "({} + {}) * {} - {}", "{} * ({} - {}) + {}", "({} - {}) * ({} + {})"),
+        range(1, 10),
+    ),
+}
+MAX_VALUE = 200
+
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2}
+_TOKEN = re.compile(r"\d+|[-+*()]")
+
+
+@dataclass(frozen=True)
+class ArithItem:
+    """One arithmetic problem with its worked solution."""
+
+    question: str
+    solution: str
+    answer: str
+    level: int
+
+
+@dataclass(frozen=True)
+class _Op:
+    op: str
+    left: "_Expr"
+    right: "_Expr"
+
+
+_Expr = int | _Op
+
+
+def _parse(text: str) -> _Expr:
+    """Parse an expression of non-negative integers, + - * and parentheses (usual precedence)."""
+    tokens = _TOKEN.findall(text)
+    position = 0
+
+    def parse_level(min_precedence: int) -> _Expr:
+        nonlocal position
+        left = parse_atom()
+        while position < len(tokens) and _PRECEDENCE.get(tokens[position], 0) >= min_precedence:
+            op = tokens[position]
+            position += 1
+            # Left-associative: the right side binds only strictly tighter operators.
+            left = _Op(op, left, parse_level(_PRECEDENCE[op] + 1))
+        return left
+
+    def parse_atom() -> _Expr:
+        nonlocal position
+        token = tokens[position]
+        position += 1
+        if token == "(":
+            inner = parse_level(1)
+            position += 1  # the closing parenthesis
+            return inner
+        return int(token)
+
+    return parse_level(1)
+
+
+def _apply(op: str, left: int, right: int) -> int:
+    return left + right if op == "+" else left - right if op == "-" else left * right
+
+
+def _render(expr: _Expr, parent_precedence: int = 0, is_right_child: bool = False) -> str:
+    """Print with only the parentheses the precedence rules need."""
+    if isinstance(expr, int):
+        return str(expr)
+    precedence = _PRECEDENCE[expr.op]
+    text = f"{_render(expr.left, precedence)} {expr.op} {_render(expr.right, precedence, True)}"
+    # A right operand of equal precedence needs parentheses too: a - (b + c) != a - b + c.
+    needs_parens = precedence < parent_precedence or (precedence == parent_precedence and is_right_child)
+    return f"({text})" if needs_parens else text
+
+
+def _reduce_once(expr: _Expr) -> _Expr:
+    """Evaluate the leftmost operation whose operands are both numbers, as a person working by hand would."""
+    assert isinstance(expr, _Op)
+    if isinstance(expr.left, int) and isinstance(expr.right, int):
+        return _apply(expr.op, expr.left, expr.right)
+    if isinstance(expr.left, _Op):
+        return _Op(expr.op, _reduce_once(expr.left), expr.right)
+    return _Op(expr.op, expr.left, _reduce_once(expr.right))
+
+
+def _subexpression_values(expr: _Expr) -> list[int]:
+    """The value of every node: exactly the numbers that ever appear in the worked solution."""
+    if isinstance(expr, int):
+        return [expr]
+    left, right = _subexpression_values(expr.left), _subexpression_values(expr.right)
+    return [_apply(expr.op, left[0], right[0]), *left, *right]
+
+
+def _steps(expr: _Expr) -> list[str]:
+    """The chain of ever-simpler expressions, one operation at a time, ending in the value."""
+    steps = [_render(expr)]
+    while isinstance(expr, _Op):
+        expr = _reduce_once(expr)
+        steps.append(_render(expr))
+    return steps
+
+
+def question_hash(question: str) -> str:
+    """Hex sha256 of the question text: both the split rule and the prompt id derive from it."""
+    return hashlib.sha256(question.encode("utf-8")).hexdigest()
+
+
+def split_of(question: str) -> Split:
+    """A problem is in ``test`` iff its question's sha256 is 0 mod 5 (about 20%)."""
+    return "test" if int(question_hash(question), 16) % 5 == 0 else "train"
+
+
+def _make_item(expression: str, level: int) -> ArithItem | None:
+    """The problem for one filled-in template; None when some step would leave [0, MAX_VALUE]."""
+    expr = _parse(expression)
+    if not all(0 <= value <= MAX_VALUE for value in _subexpression_values(expr)):
+        return None
+    steps = _steps(expr)
+    answer = steps[-1]
+    return ArithItem(
+        question=f"What is {steps[0]}?",
+        solution=" = ".join(steps) + f". \\boxed{{{answer}}}",
+        answer=answer,
+        level=level,
+    )
+
+
+@cache
+def level_items(level: int, split: Split) -> tuple[ArithItem, ...]:
+    """Every problem of a level in a split, in a fixed canonical order.
+
+    A question that an easier level also generates (``9 + 1`` fits levels 1 and 2) belongs to the
+    easier level only, so every question is unique across levels.
+    """
+    easier = {item.question for lower in LEVELS if lower < level for item in level_items(lower, split)}
+    templates, operands = _LEVEL_TEMPLATES[level]
+    items: dict[str, ArithItem] = {}
+    for template in templates:
+        for numbers in itertools.product(operands, repeat=template.count("{}")):
+            item = _make_item(template.format(*numbers), level)
+            if item is not None and item.question not in easier and split_of(item.question) == split:
+                items.setdefault(item.question, item)
+    return tuple(items.values())
+
+
+def level_size(level: int, split: Split) -> int:
+    """How many distinct problems a level has in a split."""
+    return len(level_items(level, split))
+
+
+def arith_items(split: Split, n: int, seed: int = 0) -> list[ArithItem]:
+    """``n`` distinct problems of a split, each level drawn uniformly by ``random.Random(seed)``.
+
+    Draws are without replacement and never depend on ``n``, so a larger ``n`` extends a smaller one.
+    A level that runs out drops out of the draw, so the remaining levels fill the rest.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    remaining = {level: list(level_items(level, split)) for level in LEVELS}
+    available = sum(len(items) for items in remaining.values())
+    if n > available:
+        raise ValueError(f"asked for {n} arith {split} problems, but only {available} exist")
+    rng = random.Random(seed)
+    chosen: list[ArithItem] = []
+    while len(chosen) < n:
+        open_levels = [level for level in LEVELS if remaining[level]]
+        pool = remaining[rng.choice(open_levels)]
+        # Swap-remove a random element: O(1) and deterministic for a given seed.
+        index = rng.randrange(len(pool))
+        pool[index], pool[-1] = pool[-1], pool[index]
+        chosen.append(pool.pop())
+    return chosen
+
+
+def arith_problems(split: Split, n: int, seed: int = 0) -> list[Problem]:
+    """The same draw as :func:`arith_items`, as :class:`Problem` records."""
+    return [
+        Problem(
+            prompt_id=f"arith-L{item.level}-{question_hash(item.question)[:12]}",
+            source=f"arith:{split}",
+            problem=item.question,
+            answer=item.answer,
+        )
+        for item in arith_items(split, n, seed)
+    ]

@@ -1,0 +1,25 @@
+"""Generation engines: vLLM (default) and transformers ``generate`` (fallback), one interface."""
+
+from pathlib import Path
+
+from ggpo_offline.engines.base import Engine, Sample, SamplingSettings, prompt_seed
+
+ENGINES = ("vllm", "hf")
+
+
+def load_engine(name: str, model_dir: Path, dtype: str, max_model_len: int, seed: int) -> Engine:
+    """Start the named engine on a local model folder; vLLM is imported only here, on demand."""
+    if name == "vllm":
+        from ggpo_offline.engines.vllm_engine import VllmEngine
+
+        return VllmEngine(model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed)
+    if name == "hf":
+        from ggpo_offline.engines.hf_engine import HfEngine
+
+        return HfEngine(model_dir, dtype=dtype)
+    from ggpo_offline.errors import UserError
+
+    raise UserError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
+
+
+__all__ = ["ENGINES", "Engine", "Sample", "SamplingSettings", "load_engine", "prompt_seed"]

@@ -1,0 +1,67 @@
+"""What every engine takes and returns: sampling settings, per-prompt seeds, and samples cut at EOS."""
+
+import hashlib
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Sampling settings of a pool (paper: temperature 1.0, top-p 1.0, no top-k)."""
+
+    m: int = 8
+    """Responses per prompt (group size)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k filtering."""
+    max_tokens: int = 128
+    """Response length limit; a response cut there keeps all its tokens (finish_reason 'length')."""
+    seed: int = 0
+    """Global seed; each prompt samples from a seed derived from it and its prompt_id."""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One response: generated token ids through the first EOS inclusive, and their behavior log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    """'stop' when the response ended with EOS, 'length' when cut at max_tokens."""
+
+
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """A prompt's own sampling seed, so its samples do not depend on batching or sharding."""
+    digest = hashlib.sha256(f"{seed}:{prompt_id}".encode()).digest()
+    # 31 bits leave room for the engine's per-sample offsets (seed + sample index) in a signed int32.
+    return int.from_bytes(digest[:4], "little") >> 2
+
+
+def cut_at_eos(token_ids: list[int], logprobs: list[float], eos_ids: set[int]) -> Sample:
+    """SPEC mask semantics: keep generated tokens through the first EOS inclusive."""
+    for position, token in enumerate(token_ids):
+        if token in eos_ids:
+            return Sample(list(token_ids[: position + 1]), list(logprobs[: position + 1]), "stop")
+    return Sample(list(token_ids), list(logprobs), "length")
+
+
+class Engine(Protocol):
+    """A started generation engine."""
+
+    def describe(self) -> dict:
+        """Engine name, version, dtype and log-prob mode, for the pool metadata."""
+        ...
+
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int], sampling: SamplingSettings
+    ) -> list[list[Sample]]:
+        """``sampling.m`` samples for each tokenized prompt, prompt ``i`` seeded with ``seeds[i]``."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's processes and memory."""
+        ...

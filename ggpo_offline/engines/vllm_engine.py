@@ -1,0 +1,95 @@
+"""The vLLM engine: batched sampling with the sampled tokens' log-probs from the processed distribution."""
+
+import os
+from pathlib import Path
+
+import torch
+
+from ggpo_offline.engines.base import Sample, SamplingSettings, cut_at_eos
+from ggpo_offline.model_io import eos_token_ids
+
+# Log-probs of the distribution actually sampled from (after temperature / top-p / top-k).
+LOGPROBS_MODE = "processed_logprobs"
+
+
+def prepare_environment() -> dict:
+    """Environment and engine options for this platform; the user's own environment settings win.
+
+    vLLM's CPU build refuses to start without a KV-cache size (1 GiB here), and on CPU one process
+    (engine core and worker in-process) starts in seconds instead of a minute of process spawning.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if torch.cuda.is_available():
+        return {}
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return {"distributed_executor_backend": "uni"}
+
+
+class VllmEngine:
+    """``vllm.LLM`` over a local model folder; prompts go in as token ids, so both engines see the same."""
+
+    def __init__(self, model_dir: Path, dtype: str, max_model_len: int, seed: int):
+        platform_options = prepare_environment()
+        from vllm import LLM
+
+        self.dtype = dtype
+        self.eos_ids = eos_token_ids(model_dir)
+        self.llm = LLM(
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            logprobs_mode=LOGPROBS_MODE,
+            disable_log_stats=True,
+            enforce_eager=True,
+            # A chunked prefill makes vLLM draw and then rewind a seeded request's random numbers, which
+            # the CPU generator cannot do (RuntimeError "CPU Generator does not use offset"); whole
+            # prefills also keep each prompt's sample stream independent of how requests were batched.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(max_model_len, 8192),
+            **platform_options,
+        )
+
+    def describe(self) -> dict:
+        import vllm  # the distribution is `vllm` on GPUs and `vllm-cpu` here; the module knows its version
+
+        resolved = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        return {"name": "vllm", "version": vllm.__version__, "dtype": resolved, "logprobs_mode": LOGPROBS_MODE}
+
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int], sampling: SamplingSettings
+    ) -> list[list[Sample]]:
+        from vllm import SamplingParams, TokensPrompt
+
+        params = [
+            SamplingParams(
+                n=sampling.m,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_tokens=sampling.max_tokens,
+                seed=seed,
+                logprobs=0,  # 0 = only the sampled token's log-prob
+                detokenize=False,  # response text is decoded by our tokenizer, identically for both engines
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        groups = []
+        for output in outputs:
+            samples = []
+            for completion in sorted(output.outputs, key=lambda c: c.index):
+                token_ids = list(completion.token_ids)
+                logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
+                samples.append(cut_at_eos(token_ids, logprobs, self.eos_ids))
+            groups.append(samples)
+        return groups
+
+    def close(self) -> None:
+        engine = getattr(self.llm, "llm_engine", None)
+        shutdown = getattr(engine, "shutdown", None) or getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        del self.llm

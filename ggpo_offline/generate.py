@@ -1,0 +1,280 @@
+"""Stage one: sample m responses per prompt, score them, and stream them into a Parquet pool."""
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ggpo_offline import __version__
+from ggpo_offline.datasets import dataset_fingerprint, load_problems
+from ggpo_offline.engines import Sample, SamplingSettings, load_engine, prompt_seed
+from ggpo_offline.errors import UserError
+from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_sha256, weights_sha256
+from ggpo_offline.pool.schema import SCHEMA_VERSION
+from ggpo_offline.pool.writer import PoolWriter, check_output_path
+from ggpo_offline.problems import Problem
+from ggpo_offline.prompts import Template, encode_prompt, format_prompt, resolve_template, template_description
+from ggpo_offline.rewards import EXTRACTION_RULE, EXTRACTION_RULE_DESCRIPTION, RewardResult, RewardScorer
+
+DEFAULT_POOL = Path("pools/base.parquet")
+DEFAULT_ARITH_PROMPTS = 6000
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Everything ``ggpo generate-pool`` needs; the defaults give the embedded default pool."""
+
+    model: str | None = None
+    """Local Hugging Face model folder; None = the tiny model shipped with the package."""
+    dataset: str = "arith:train"
+    """``arith[:train|test]``, a .jsonl/.json/.parquet file, or ``hf:NAME[:SPLIT]``."""
+    problem_key: str | None = None
+    answer_key: str | None = None
+    solution_key: str | None = None
+    num_prompts: int | None = None
+    """How many prompts (files: the first N rows; arith: N drawn problems, default 6000). None = all."""
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    engine: str = "vllm"
+    dtype: str = "auto"
+    """Engine weight dtype: auto (engine's choice), float32, bfloat16 or float16."""
+    template: Template = "auto"
+    """Prompt format: the tokenizer's chat template with the paper's prompts, or the plain template."""
+    mixed_only: bool = False
+    """Keep only groups with 0 < sum(r) < m (the paper's offline pool); default keeps all groups."""
+    out: Path = DEFAULT_POOL
+    overwrite: bool = False
+    reward_workers: int = 2
+    reward_timeout_s: float = 5.0
+    batch_prompts: int = 256
+    """Prompts per engine call; each finished batch becomes one Parquet row group."""
+
+
+@dataclass
+class Progress:
+    """Running totals reported after every batch."""
+
+    prompts_done: int = 0
+    prompts_total: int = 0
+    groups_kept: int = 0
+    mixed_groups: int = 0
+    responses: int = 0
+    reward_sum: float = 0.0
+    tokens: int = 0
+    truncated: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def mean_reward(self) -> float:
+        return self.reward_sum / self.responses if self.responses else 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+
+@dataclass
+class _Batch:
+    """One engine call's prompts and samples, waiting for their rewards."""
+
+    first_group_id: int
+    problems: list[Problem]
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    samples: list[list[Sample]]
+    responses: list[list[str]]
+    rewards: object  # rewards.ScoringHandle
+
+
+def _validate_settings(config: GenerateConfig) -> None:
+    s = config.sampling
+    checks = [
+        (s.m >= 1, f"--samples-per-prompt must be >= 1, got {s.m}"),
+        (s.temperature > 0, f"--temperature must be > 0 (sampling), got {s.temperature}"),
+        (0 < s.top_p <= 1, f"--top-p must be in (0, 1], got {s.top_p}"),
+        (s.top_k >= 0, f"--top-k must be >= 0 (0 disables it), got {s.top_k}"),
+        (s.max_tokens >= 1, f"--max-tokens must be >= 1, got {s.max_tokens}"),
+        (config.num_prompts is None or config.num_prompts >= 1, "--num-prompts must be >= 1"),
+        (config.reward_workers >= 0, "--reward-workers must be >= 0"),
+        (config.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown --dtype {config.dtype!r}"),
+        (config.template in ("auto", "chat", "plain"), f"unknown --template {config.template!r}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)
+
+
+def _dataset_kwargs(config: GenerateConfig) -> dict:
+    limit = config.num_prompts
+    if limit is None and config.dataset.split(":")[0] == "arith":
+        limit = DEFAULT_ARITH_PROMPTS
+    return {
+        "problem_key": config.problem_key,
+        "answer_key": config.answer_key,
+        "solution_key": config.solution_key,
+        "limit": limit,
+        "seed": config.sampling.seed,
+    }
+
+
+def _max_positions(model_dir: Path) -> int:
+    from transformers import AutoConfig
+
+    return int(getattr(AutoConfig.from_pretrained(str(model_dir)), "max_position_embeddings", 4096))
+
+
+def _rows(batch: _Batch, results: list[RewardResult], m: int, mixed_only: bool, progress: Progress) -> list[dict]:
+    """Pool rows of one batch, whole groups only (contiguous), dropping all-equal groups if asked."""
+    rows = []
+    for offset, problem in enumerate(batch.problems):
+        group_results = results[offset * m : (offset + 1) * m]
+        correct = sum(r.reward for r in group_results)
+        mixed = 0 < correct < m
+        if mixed_only and not mixed:
+            continue
+        progress.groups_kept += 1
+        progress.mixed_groups += mixed
+        for sample_idx, (sample, text, result) in enumerate(
+            zip(batch.samples[offset], batch.responses[offset], group_results, strict=True)
+        ):
+            rows.append(
+                {
+                    "group_id": batch.first_group_id + offset,
+                    "sample_idx": sample_idx,
+                    "prompt_id": problem.prompt_id,
+                    "source": problem.source,
+                    "prompt": batch.prompts[offset],
+                    "prompt_token_ids": batch.prompt_ids[offset],
+                    "answer": problem.answer,
+                    "response": text,
+                    "response_token_ids": sample.token_ids,
+                    "behavior_logprobs": sample.logprobs,
+                    "finish_reason": sample.finish_reason,
+                    "reward": result.reward,
+                    "extracted_answer": result.extracted_answer,
+                }
+            )
+            progress.responses += 1
+            progress.reward_sum += result.reward
+            progress.tokens += len(sample.token_ids)
+            progress.truncated += sample.finish_reason == "length"
+    return rows
+
+
+def generate_pool(config: GenerateConfig, on_batch: Callable[[Progress], None] | None = None) -> Path:
+    """Write the pool described by ``config``; returns its path. Raises UserError on bad input."""
+    _validate_settings(config)
+    out = Path(config.out)
+    check_output_path(out, config.overwrite)  # before any slow work
+    model_dir = resolve_model_dir(config.model)
+    tokenizer = load_tokenizer(model_dir)
+    kwargs = _dataset_kwargs(config)
+    problems = load_problems(config.dataset, **kwargs)
+    template = resolve_template(tokenizer, config.template)
+    sampling = config.sampling
+
+    prompts = [format_prompt(tokenizer, p.problem, template) for p in problems]
+    prompt_ids = [encode_prompt(tokenizer, text, template) for text in prompts]
+    max_positions = _max_positions(model_dir)
+    prompt_limit = max_positions - sampling.max_tokens
+    if prompt_limit < 1:
+        raise UserError(f"--max-tokens {sampling.max_tokens} leaves no room for a prompt (model: {max_positions})")
+    keep = [i for i, ids in enumerate(prompt_ids) if len(ids) <= prompt_limit]
+    skipped_long = len(problems) - len(keep)
+    if not keep:
+        raise UserError(f"every prompt is longer than {prompt_limit} tokens (model limit minus --max-tokens)")
+    max_model_len = max(len(prompt_ids[i]) for i in keep) + sampling.max_tokens
+
+    engine = load_engine(config.engine, model_dir, config.dtype, max_model_len, sampling.seed)
+    progress = Progress(prompts_total=len(keep))
+    try:
+        with RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer, PoolWriter(
+            out, config.overwrite
+        ) as writer:
+            pending: _Batch | None = None
+            for start in range(0, len(keep), config.batch_prompts):
+                chunk = keep[start : start + config.batch_prompts]
+                batch_problems = [problems[i] for i in chunk]
+                samples = engine.generate(
+                    [prompt_ids[i] for i in chunk], [prompt_seed(sampling.seed, p.prompt_id) for p in batch_problems],
+                    sampling,
+                )
+                responses = [
+                    [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in group] for group in samples
+                ]
+                pairs = [(text, p.answer) for p, group in zip(batch_problems, responses, strict=True) for text in group]
+                batch = _Batch(
+                    chunk[0], batch_problems, [prompts[i] for i in chunk], [prompt_ids[i] for i in chunk],
+                    samples, responses, scorer.submit(pairs),
+                )
+                # Rewards of this batch are computed by the workers while the engine samples the next one.
+                if pending is not None:
+                    _finish_batch(pending, writer, sampling.m, config.mixed_only, progress, on_batch)
+                pending = batch
+            if pending is not None:
+                _finish_batch(pending, writer, sampling.m, config.mixed_only, progress, on_batch)
+            metadata = _metadata(config, model_dir, tokenizer, engine, template, kwargs, progress, skipped_long)
+            metadata["reward"].update(timeouts=scorer.timeouts, errors=scorer.errors)
+            if progress.responses == 0:
+                raise UserError("no group was kept (--mixed-only and no prompt had a mixed group); nothing written")
+            return writer.close(metadata)
+    finally:
+        engine.close()
+
+
+def _finish_batch(batch, writer, m, mixed_only, progress, on_batch) -> None:
+    results = batch.rewards.get()
+    writer.write_rows(_rows(batch, results, m, mixed_only, progress))
+    progress.prompts_done += len(batch.problems)
+    if on_batch is not None:
+        on_batch(progress)
+
+
+def _metadata(config, model_dir, tokenizer, engine, template, dataset_kwargs, progress, skipped_long) -> dict:
+    """The provenance stored in the pool footer under the ``ggpo_offline`` key."""
+    described = engine.describe()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": {
+            "path": str(model_dir),
+            "name": config.model or "embedded:tiny",
+            "weights_sha256": weights_sha256(model_dir),
+        },
+        "tokenizer": {"sha256": tokenizer_sha256(tokenizer), "class": type(tokenizer).__name__},
+        "engine": {"name": described["name"], "version": described["version"]},
+        "dtype": described["dtype"],
+        "sampling": {**config.sampling.as_dict(), "logprobs_mode": described["logprobs_mode"],
+                     "seed_derivation": "per prompt: sha256('{seed}:{prompt_id}'), engine adds the sample index"},
+        "dataset": dataset_fingerprint(config.dataset, **dataset_kwargs),
+        "prompt_template": template_description(template),
+        "reward": {
+            "extraction_rule": EXTRACTION_RULE,
+            "description": EXTRACTION_RULE_DESCRIPTION,
+            "verifier": f"math-verify {_package_version('math-verify')}",
+            "timeout_s": config.reward_timeout_s,
+        },
+        "filter": {"mixed_only": config.mixed_only},
+        "counts": {
+            "prompts": progress.prompts_total,
+            "skipped_long_prompts": skipped_long,
+            "groups": progress.groups_kept,
+            "responses": progress.responses,
+            "mixed_groups": progress.mixed_groups,
+            "mean_reward": progress.mean_reward,
+            "tokens": progress.tokens,
+            "truncated": progress.truncated,
+        },
+        "generation_seconds": round(progress.elapsed_s, 2),
+        "config": {k: v for k, v in asdict(config).items() if k not in ("sampling", "out", "overwrite")},
+    }
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"

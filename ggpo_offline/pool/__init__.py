@@ -1,0 +1,1 @@
+"""The Parquet rollout pool: schema, streaming writer, reader, validation and summary."""

@@ -1,0 +1,166 @@
+"""Check a pool file against the schema and the pool invariants, streaming, and name the first problem."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ggpo_offline.errors import UserError
+from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION, read_pool_metadata
+
+FINISH_REASONS = ("stop", "length")
+
+
+class PoolInvalid(UserError):
+    """A pool that breaks the schema or an invariant; the message names the first problem."""
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """What a successful validation saw."""
+
+    path: Path
+    rows: int
+    groups: int
+    group_size: int
+    tokens: int
+
+    def summary(self) -> str:
+        return (
+            f"{self.path}: valid pool, {self.groups} groups x {self.group_size} = {self.rows} responses, "
+            f"{self.tokens} response tokens"
+        )
+
+
+def _check_metadata(path: Path) -> int:
+    """The group size ``m`` declared by the metadata, after checking the fields validation relies on."""
+    meta = read_pool_metadata(path)
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise PoolInvalid(f"{path}: metadata schema_version is {meta.get('schema_version')!r}, "
+                          f"expected {SCHEMA_VERSION}")
+    m = meta.get("sampling", {}).get("m") if isinstance(meta.get("sampling"), dict) else None
+    if not isinstance(m, int) or m < 1:
+        raise PoolInvalid(f"{path}: metadata sampling.m is {m!r}, expected a positive integer")
+    return m
+
+
+def _check_schema(path: Path, schema: pa.Schema) -> None:
+    for field in POOL_SCHEMA:
+        if field.name not in schema.names:
+            raise PoolInvalid(f"{path}: column '{field.name}' is missing")
+        actual = schema.field(field.name).type
+        if actual != field.type:
+            raise PoolInvalid(f"{path}: column '{field.name}' has type {actual}, expected {field.type}")
+
+
+def _first(mask: np.ndarray) -> int | None:
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
+
+
+class _GroupTracker:
+    """Follows group boundaries across batches: contiguous groups, each of exactly ``m`` rows."""
+
+    def __init__(self, path: Path, m: int):
+        self.path, self.m = path, m
+        self.current: int | None = None
+        self.current_prompt: str | None = None
+        self.count = 0
+        self.finished: set[int] = set()
+
+    def _fail(self, row: int, column: str, what: str) -> None:
+        raise PoolInvalid(f"{self.path}: row {row}, column '{column}': {what}")
+
+    def _close_group(self, row: int) -> None:
+        if self.current is not None:
+            if self.count != self.m:
+                what = f"group {self.current} has {self.count} rows, expected m = {self.m}"
+                self._fail(row - 1, "group_id", what)
+            self.finished.add(self.current)
+
+    def feed(self, start: int, group_ids: np.ndarray, sample_idx: np.ndarray, prompt_ids: list) -> None:
+        for offset, (gid, sidx, pid) in enumerate(
+            zip(group_ids.tolist(), sample_idx.tolist(), prompt_ids, strict=True)
+        ):
+            row = start + offset
+            if gid != self.current:
+                self._close_group(row)
+                if gid in self.finished:
+                    self._fail(row, "group_id", f"group {gid} appears again after other groups")
+                self.current, self.current_prompt, self.count = gid, pid, 0
+            elif pid != self.current_prompt:
+                self._fail(row, "prompt_id", f"prompt_id changes inside group {gid}")
+            if sidx != self.count:
+                self._fail(row, "sample_idx", f"is {sidx}, expected {self.count} (position in group {gid})")
+            self.count += 1
+
+    def finish(self, rows: int) -> int:
+        self._close_group(rows)
+        return len(self.finished)
+
+
+def _check_batch(path: Path, batch: pa.RecordBatch, start: int) -> int:
+    """Row-wise invariants of one batch; returns its response token count."""
+
+    def fail(index: int, column: str, what: str) -> None:
+        raise PoolInvalid(f"{path}: row {start + index}, column '{column}': {what}")
+
+    for field in POOL_SCHEMA:
+        column = batch.column(field.name)
+        if not field.nullable and column.null_count:
+            fail(_first(column.is_null().to_numpy(zero_copy_only=False)), field.name, "is null")
+
+    tokens, logprobs = batch.column("response_token_ids"), batch.column("behavior_logprobs")
+    n_tokens = pc.list_value_length(tokens).to_numpy()
+    n_logprobs = pc.list_value_length(logprobs).to_numpy()
+    if (bad := _first(n_tokens != n_logprobs)) is not None:
+        fail(bad, "behavior_logprobs", f"has {n_logprobs[bad]} values for {n_tokens[bad]} response tokens")
+    if (bad := _first(n_tokens == 0)) is not None:
+        fail(bad, "response_token_ids", "is empty")
+
+    flat = logprobs.flatten().to_numpy(zero_copy_only=False)
+    bad_flat = _first(~np.isfinite(flat) | (flat > 0))
+    if bad_flat is not None:
+        row = int(np.searchsorted(np.cumsum(n_logprobs), bad_flat, side="right"))
+        fail(row, "behavior_logprobs", f"holds {flat[bad_flat]} (log-probs must be finite and <= 0)")
+
+    rewards = batch.column("reward").to_numpy(zero_copy_only=False)
+    if (bad := _first(~np.isin(rewards, (0.0, 1.0)))) is not None:
+        fail(bad, "reward", f"is {rewards[bad]}, expected 0 or 1")
+
+    reasons = batch.column("finish_reason").to_pylist()
+    for index, reason in enumerate(reasons):
+        if reason not in FINISH_REASONS:
+            fail(index, "finish_reason", f"is {reason!r}, expected one of {FINISH_REASONS}")
+    return int(n_tokens.sum())
+
+
+def validate_pool(path: Path | str, batch_size: int = 8192) -> ValidationReport:
+    """Validate a pool file without loading it whole; raises PoolInvalid naming the first problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise PoolInvalid(f"{path}: no such pool file")
+    m = _check_metadata(path)
+    parquet = pq.ParquetFile(path)
+    _check_schema(path, parquet.schema_arrow)
+    tracker = _GroupTracker(path, m)
+    rows = tokens = 0
+    try:
+        for batch in parquet.iter_batches(batch_size=batch_size, columns=POOL_SCHEMA.names):
+            tokens += _check_batch(path, batch, rows)
+            tracker.feed(
+                rows,
+                batch.column("group_id").to_numpy(),
+                batch.column("sample_idx").to_numpy(),
+                batch.column("prompt_id").to_pylist(),
+            )
+            rows += batch.num_rows
+    except (OSError, pa.ArrowException) as exc:
+        raise PoolInvalid(f"{path}: unreadable data after row {rows} ({exc})") from None
+    if rows == 0:
+        raise PoolInvalid(f"{path}: the pool has no rows")
+    groups = tracker.finish(rows)
+    return ValidationReport(path=path, rows=rows, groups=groups, group_size=m, tokens=tokens)

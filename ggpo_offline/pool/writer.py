@@ -1,0 +1,62 @@
+"""Write a pool as Parquet, streaming row groups into a temporary file renamed into place when complete."""
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ggpo_offline.errors import UserError
+from ggpo_offline.pool.schema import METADATA_KEY, POOL_SCHEMA
+
+
+def check_output_path(path: Path, overwrite: bool) -> None:
+    """Refuse to replace an existing pool unless the user asked for it."""
+    if path.is_dir():
+        raise UserError(f"{path} is a directory; give a .parquet file path for --out")
+    if path.exists() and not overwrite:
+        raise UserError(f"{path} already exists; pass --overwrite to replace it")
+
+
+class PoolWriter:
+    """Streams row groups to ``.<name>.<pid>.tmp`` beside the target; ``close`` renames it into place.
+
+    An interrupted run leaves only the temporary file (removed by ``abort``), never a truncated pool
+    under the final name, and an existing pool stays intact until the new one is complete.
+    """
+
+    def __init__(self, path: Path, overwrite: bool = False):
+        self.path = Path(path)
+        check_output_path(self.path, overwrite)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp_path = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self._writer = pq.ParquetWriter(self.tmp_path, POOL_SCHEMA, compression="zstd")
+        self.rows_written = 0
+
+    def write_rows(self, rows: list[dict]) -> None:
+        """Append one row group (whole groups only, so groups stay contiguous)."""
+        if rows:
+            self._writer.write_table(pa.Table.from_pylist(rows, schema=POOL_SCHEMA))
+            self.rows_written += len(rows)
+
+    def close(self, metadata: dict) -> Path:
+        """Store the metadata in the footer, then atomically rename the finished file into place."""
+        self._writer.add_key_value_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+        self._writer.close()
+        os.replace(self.tmp_path, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the partial file; whatever was at the final path before is untouched."""
+        try:
+            self._writer.close()
+        finally:
+            self.tmp_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> "PoolWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self.tmp_path.exists():
+            self.abort()

@@ -1,0 +1,283 @@
+"""The verifiable reward: the response's last boxed answer, checked against the gold answer by math-verify."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from multiprocessing.pool import Pool
+
+from math_verify import LatexExtractionConfig, parse, verify
+
+EXTRACTION_RULE = "last_boxed"
+EXTRACTION_RULE_DESCRIPTION = (
+    "the answer is the content of the last complete, brace-balanced \\boxed{...} in the response; "
+    "a truncated \\boxed{ without its closing brace, \\boxed 5 without braces and unboxed text do not count; "
+    "the content is compared with the gold answer by math-verify (parse + verify)"
+)
+
+STATUSES = ("ok", "no_box", "timeout", "error")
+
+# Wall limit for one item in a worker, as a multiple of the soft timeout: the soft (signal) timeout can
+# miss a computation stuck in C code, and a worker that dies loses its task; this catches both.
+HARD_LIMIT_FACTOR = 4.0
+# Spawned workers import sympy and math-verify before their first answer, which can take a while on a
+# busy machine, so a fresh pool gets this much extra time before it is judged stalled.
+POOL_STARTUP_GRACE_S = 60.0
+
+_PARSE_CONFIG = (LatexExtractionConfig(),)
+# \boxed{ opens a box; \{ \} \\ are escapes that must not count as braces; { and } are plain braces.
+_BOX_TOKENS = re.compile(r"\\boxed\s*\{|\\[{}\\]|[{}]")
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """The score of one response, with what was extracted and how scoring ended."""
+
+    reward: float
+    extracted_answer: str | None
+    """Content of the last complete \\boxed{...}, or None when the response has none."""
+    status: str
+    """One of "ok", "no_box", "timeout", "error"."""
+
+
+class _ScoringTimeout(BaseException):
+    """Raised by our SIGALRM handler: a BaseException, so math-verify's ``except Exception`` lets it pass."""
+
+
+class _DropDisabledTimeoutWarning(logging.Filter):
+    """We pass math-verify no timeouts because we run our own timer, so its warning about that is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _logger_name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_logger_name).addFilter(_DropDisabledTimeoutWarning())
+
+
+def last_boxed_content(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` (the one opened last among those that close), or None."""
+    open_braces: list[int | None] = []  # content start for a \boxed{ opener, None for a plain {
+    last_start, last_end = -1, -1
+    for token in _BOX_TOKENS.finditer(text):
+        piece = token.group()
+        if piece == "}":
+            if open_braces:
+                start = open_braces.pop()
+                if start is not None and start > last_start:
+                    last_start, last_end = start, token.start()
+        elif piece == "{":
+            open_braces.append(None)
+        elif piece.startswith("\\boxed"):
+            open_braces.append(token.end())
+    if last_start < 0:
+        return None
+    return text[last_start:last_end].strip()
+
+
+@lru_cache(maxsize=4096)
+def _parse_gold(gold: str) -> tuple:
+    # Cached because the m responses to one prompt share its gold; a tuple so callers can't mutate it.
+    return tuple(_parse_boxed(gold))
+
+
+def _parse_boxed(content: str) -> list:
+    # Re-boxing the content sends it through math-verify's boxed-answer normalization (units, \text, ...).
+    return parse(f"\\boxed{{{content}}}", extraction_config=_PARSE_CONFIG, parsing_timeout=None)
+
+
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise _ScoringTimeout after ``seconds``; signals only reach the main thread, elsewhere no limit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous_handler = signal.signal(signal.SIGALRM, _raise_timeout)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+
+
+def _raise_timeout(signum: int, frame: object) -> None:
+    raise _ScoringTimeout
+
+
+def score_response(response: str, gold: str, timeout_s: float = 5.0) -> RewardResult:
+    """Score one response: 1.0 when its last boxed answer equals ``gold`` by math-verify, else 0.0.
+
+    Never raises: a parse/verify that runs past ``timeout_s`` scores 0 with status "timeout", any
+    exception scores 0 with status "error". The time limit uses SIGALRM, so it applies only when called
+    from a process's main thread (``score_batch`` workers always are).
+    """
+    extracted = last_boxed_content(response)
+    if extracted is None:
+        return RewardResult(0.0, None, "no_box")
+    try:
+        with _time_limit(timeout_s):
+            gold_parsed = list(_parse_gold(gold))
+            if not gold_parsed:
+                return RewardResult(0.0, extracted, "error")
+            correct = verify(gold_parsed, _parse_boxed(extracted), timeout_seconds=None)
+    except _ScoringTimeout:
+        return RewardResult(0.0, extracted, "timeout")
+    except Exception:
+        return RewardResult(0.0, extracted, "error")
+    return RewardResult(1.0 if correct else 0.0, extracted, "ok")
+
+
+def verify_answer(response: str, gold: str) -> float:
+    """1.0 when the response's last boxed answer equals ``gold`` by math-verify, else 0.0."""
+    return score_response(response, gold).reward
+
+
+def _init_worker() -> None:
+    # Ctrl-C goes to the whole process group; the parent handles it and terminates the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The first parse builds math-verify's lazy state (~0.2 s); do it here, outside any item's time limit.
+    score_response("\\boxed{1}", "1", timeout_s=60.0)
+
+
+class ScoringHandle:
+    """The pending scores of one submitted batch; ``get()`` waits for them."""
+
+    def __init__(self, scorer: RewardScorer, pairs: list[tuple[str, str]], generation: int) -> None:
+        self._scorer = scorer
+        self._pairs = pairs
+        self._generation = generation
+        self._submitted_at = time.monotonic()
+        self._finished: queue.Queue[tuple[int, RewardResult]] = queue.Queue()
+        self._results: list[RewardResult] | None = None
+
+    def _on_result(self, index: int, result: RewardResult) -> None:
+        # Runs in the pool's result thread.
+        self._scorer._last_result_at = time.monotonic()
+        self._finished.put((index, result))
+
+    def _on_error(self, index: int, error: BaseException) -> None:
+        self._on_result(index, RewardResult(0.0, None, "error"))
+
+    def get(self) -> list[RewardResult]:
+        """The results in submission order; a stalled worker's items score 0 with status "timeout"."""
+        if self._results is None:
+            self._results = self._collect()
+            self._scorer._count(self._results)
+        return self._results
+
+    def _collect(self) -> list[RewardResult]:
+        results: list[RewardResult | None] = [None] * len(self._pairs)
+        missing = len(self._pairs)
+        # A replaced pool's tasks never finish, so a handle from an older generation stops waiting.
+        while missing and self._generation == self._scorer._generation:
+            wait_s = self._scorer._stall_deadline(self._submitted_at) - time.monotonic()
+            if wait_s <= 0:
+                self._scorer._restart_pool(self._generation)
+                break
+            try:
+                index, result = self._finished.get(timeout=wait_s)
+            except queue.Empty:
+                continue  # another batch may have made progress, which moves the deadline
+            results[index] = result
+            missing -= 1
+        return [
+            result if result is not None else RewardResult(0.0, last_boxed_content(response), "timeout")
+            for result, (response, _) in zip(results, self._pairs, strict=True)
+        ]
+
+
+class RewardScorer:
+    """Scores batches of (response, gold) pairs in a pool of spawned worker processes kept across batches.
+
+    Each item gets a soft ``timeout_s`` (SIGALRM in the worker's main thread); if the pool makes no
+    progress for ``hard_limit_s`` (default 4 × timeout_s) the unfinished items score 0 with status
+    "timeout" and the pool is replaced. ``workers=0`` scores in the calling process, time-limited only
+    on its main thread. Counters: ``timeouts``, ``errors``, ``restarts``.
+    """
+
+    def __init__(self, workers: int, timeout_s: float = 5.0, hard_limit_s: float | None = None) -> None:
+        if workers < 0:
+            raise ValueError(f"workers must be >= 0, got {workers}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self.hard_limit_s = HARD_LIMIT_FACTOR * timeout_s if hard_limit_s is None else hard_limit_s
+        self.timeouts = 0
+        self.errors = 0
+        self.restarts = 0
+        self._generation = 0
+        self._last_result_at: float | None = None  # when any batch last got a result from this pool
+        self._pool = self._new_pool() if workers > 0 else None
+
+    def _new_pool(self) -> Pool:
+        # spawn, not fork: forking a process that holds torch/vLLM threads can deadlock the child.
+        context = multiprocessing.get_context("spawn")
+        return context.Pool(self.workers, initializer=_init_worker)
+
+    def _stall_deadline(self, submitted_at: float) -> float:
+        """When a batch submitted at ``submitted_at`` gives up, unless some result arrives before then."""
+        if self._last_result_at is None:
+            return submitted_at + self.hard_limit_s + POOL_STARTUP_GRACE_S
+        # Progress is pool-wide: a batch queued behind another one waits while that one advances.
+        return max(self._last_result_at, submitted_at) + self.hard_limit_s
+
+    def _restart_pool(self, generation: int) -> None:
+        # Only the first handle to notice a stall replaces the pool; later ones see a newer generation.
+        if generation != self._generation or self._pool is None:
+            return
+        self._pool.terminate()
+        self._pool = self._new_pool()
+        self._generation += 1
+        self._last_result_at = None
+        self.restarts += 1
+
+    def _count(self, results: Sequence[RewardResult]) -> None:
+        self.timeouts += sum(result.status == "timeout" for result in results)
+        self.errors += sum(result.status == "error" for result in results)
+
+    def submit(self, pairs: Sequence[tuple[str, str]]) -> ScoringHandle:
+        """Start scoring ``pairs``; ``handle.get()`` returns the results in the same order."""
+        handle = ScoringHandle(self, list(pairs), self._generation)
+        if self._pool is None:
+            for index, (response, gold) in enumerate(handle._pairs):
+                handle._finished.put((index, score_response(response, gold, self.timeout_s)))
+            return handle
+        for index, (response, gold) in enumerate(handle._pairs):
+            self._pool.apply_async(
+                score_response,
+                (response, gold, self.timeout_s),
+                callback=partial(handle._on_result, index),
+                error_callback=partial(handle._on_error, index),
+            )
+        return handle
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool = None
+
+    def __enter__(self) -> RewardScorer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def score_batch(pairs: Sequence[tuple[str, str]], workers: int, timeout_s: float = 5.0) -> list[RewardResult]:
+    """Score (response, gold) pairs in ``workers`` spawned processes (0: in this process), in order."""
+    if not pairs:
+        return []
+    with RewardScorer(workers, timeout_s) as scorer:
+        return scorer.submit(pairs).get()

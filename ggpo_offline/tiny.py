@@ -1,0 +1,272 @@
+"""The reproducible recipe for the embedded tiny model: tokenizer, Qwen3 shape, pretraining, evaluation."""
+
+import json
+import logging
+import math
+import re
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from ggpo_offline.arith import arith_items
+from ggpo_offline.prompts import PLAIN_TEMPLATE, encode_prompt
+
+logger = logging.getLogger(__name__)
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+# Printable ASCII plus newline covers every prompt and solution of the arith task.
+CHARACTERS = tuple(chr(code) for code in range(0x20, 0x7F)) + ("\n",)
+MAX_LENGTH = 512
+IGNORE_INDEX = -100
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def tiny_model_dir() -> Path:
+    """The folder of the shipped tiny model (package data)."""
+    return Path(__file__).parent / "tiny_model"
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per character, ``<bos>`` first, unknown chars -> ``<unk>``."""
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A",
+        pair=f"{BOS} $A $B:1",
+        special_tokens=[(BOS, vocab[BOS])],
+    )
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        clean_up_tokenization_spaces=False,
+        model_max_length=MAX_LENGTH,
+    )
+
+
+def build_config(tokenizer: PreTrainedTokenizerFast) -> Qwen3Config:
+    """The tiny Qwen3 shape: about 0.8M parameters, tied embeddings."""
+    return Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=MAX_LENGTH,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def plain_prompt_text(question: str) -> str:
+    """The plain-template prompt text, the same as ``format_prompt(tokenizer, question, "plain")``.
+
+    Built with ``str.replace`` because ``PLAIN_TEMPLATE.format`` trips over the literal ``{}`` of
+    ``\\boxed{}`` in the template (IndexError); switch back to ``format_prompt`` once that is fixed.
+    """
+    return PLAIN_TEMPLATE.replace("{problem}", question)
+
+
+def _prompt_ids(tokenizer, question: str) -> list[int]:
+    """Prompt token ids exactly as the rest of the pipeline builds them (plain template, with <bos>)."""
+    return encode_prompt(tokenizer, plain_prompt_text(question), "plain")
+
+
+def _training_examples(tokenizer, n_train: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(input ids, labels) pairs: prompt + solution + <eos>, with the loss on the completion only."""
+    examples = []
+    for item in arith_items("train", n_train, seed):
+        prompt = _prompt_ids(tokenizer, item.question)
+        solution = tokenizer(item.solution, add_special_tokens=False)["input_ids"]
+        completion = solution + [tokenizer.eos_token_id]
+        examples.append((prompt + completion, [IGNORE_INDEX] * len(prompt) + completion))
+    return examples
+
+
+def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a batch; padding gets no loss and no attention."""
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, (ids, row_labels) in enumerate(examples):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, : len(ids)] = torch.tensor(row_labels)
+        attention_mask[row, : len(ids)] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+
+
+def _learning_rate_factor(step: int, steps: int, warmup_steps: int) -> float:
+    """Linear warmup, then cosine decay to zero."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
+    """Save the tokenizer under the class name that transformers 4.x and 5.x both resolve."""
+    tokenizer.save_pretrained(out_dir)
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    # transformers 5 writes its own "TokenizersBackend", which 4.x (still allowed by pyproject) cannot load.
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def build_tiny_model(
+    out_dir: Path,
+    seed: int = 0,
+    steps: int = 2200,
+    n_train: int = 4000,
+    batch_size: int = 16,
+    learning_rate: float = 3e-3,
+    warmup_steps: int = 100,
+    num_threads: int | None = None,
+    log_every: int = 100,
+) -> dict:
+    """Pretrain the tiny model on worked arith solutions and save it (tokenizer, model, generation config).
+
+    Returns training statistics. The budget is in steps, so the result does not depend on machine speed.
+    """
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    torch.manual_seed(seed)
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer()
+    model = Qwen3ForCausalLM(build_config(tokenizer))
+    model.train()
+    examples = _training_examples(tokenizer, n_train, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: _learning_rate_factor(step, steps, min(warmup_steps, steps))
+    )
+    # A dedicated generator: the batch order depends on the seed only, not on model-init draws.
+    batch_generator = torch.Generator().manual_seed(seed)
+    started = time.monotonic()
+    recent_losses: list[float] = []
+    first_loss = None
+    for step in range(steps):
+        indices = torch.randint(len(examples), (batch_size,), generator=batch_generator).tolist()
+        loss = model(**_collate([examples[i] for i in indices], tokenizer.pad_token_id)).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        first_loss = loss.item() if first_loss is None else first_loss
+        recent_losses.append(loss.item())
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            elapsed = time.monotonic() - started
+            logger.info("step %d/%d loss %.4f (%.0f s)", step + 1, steps, loss.item(), elapsed)
+    train_seconds = time.monotonic() - started
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    _save_tokenizer(tokenizer, out_dir)
+    tail = recent_losses[-min(100, len(recent_losses)) :]
+    return {
+        "seed": seed,
+        "steps": steps,
+        "batch_size": batch_size,
+        "n_train": len(examples),
+        "learning_rate": learning_rate,
+        "parameters": sum(parameter.numel() for parameter in model.parameters()),
+        "first_loss": first_loss,
+        "final_loss": sum(tail) / len(tail),
+        "train_seconds": train_seconds,
+    }
+
+
+def last_boxed(text: str) -> str | None:
+    r"""The content of the last ``\boxed{...}`` (no nested braces: the arith answers are plain integers)."""
+    matches = _BOXED.findall(text)
+    return matches[-1] if matches else None
+
+
+@torch.no_grad()
+def evaluate_sampled_accuracy(
+    model_dir: Path,
+    n_problems: int = 200,
+    m: int = 8,
+    seed: int = 0,
+    temperature: float = 1.0,
+    max_new_tokens: int = 96,
+    problem_seed: int = 0,
+) -> dict:
+    """Sample ``m`` responses per arith test problem and score the last boxed answer against the gold one.
+
+    Reports overall and per-level accuracy and the share of prompts whose group is mixed (some right, some
+    wrong): only mixed groups give a group-relative policy gradient any signal.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.eval()
+    torch.manual_seed(seed)
+    items = arith_items("test", n_problems, problem_seed)
+    # Same-length prompts batch together without padding, so no left-padding subtleties arise.
+    by_length: dict[int, list[int]] = defaultdict(list)
+    prompts = [_prompt_ids(tokenizer, item.question) for item in items]
+    for index, ids in enumerate(prompts):
+        by_length[len(ids)].append(index)
+    correct_counts = [0] * len(items)
+    for length in sorted(by_length):
+        indices = by_length[length]
+        input_ids = torch.tensor([prompts[i] for i in indices for _ in range(m)])
+        output = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,  # transformers otherwise applies a hidden top_k=50
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        texts = tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)
+        for row, text in enumerate(texts):
+            item_index = indices[row // m]
+            correct_counts[item_index] += last_boxed(text) == items[item_index].answer
+    per_level: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for item, count in zip(items, correct_counts, strict=True):
+        per_level[item.level][0] += count
+        per_level[item.level][1] += m
+    return {
+        "n_problems": len(items),
+        "m": m,
+        "seed": seed,
+        "problem_seed": problem_seed,
+        "temperature": temperature,
+        "accuracy": sum(correct_counts) / (m * len(items)),
+        "accuracy_by_level": {level: right / total for level, (right, total) in sorted(per_level.items())},
+        "problems_by_level": {level: total // m for level, (_, total) in sorted(per_level.items())},
+        "mixed_fraction": sum(0 < count < m for count in correct_counts) / len(items),
+        "all_correct_fraction": sum(count == m for count in correct_counts) / len(items),
+        "all_wrong_fraction": sum(count == 0 for count in correct_counts) / len(items),
+    }

@@ -1,0 +1,235 @@
+"""Tests for the math-verify reward: boxed-answer extraction, scoring, timeouts and parallel scoring."""
+
+import json
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from ggpo_offline import rewards
+from ggpo_offline.rewards import (
+    EXTRACTION_RULE,
+    EXTRACTION_RULE_DESCRIPTION,
+    RewardResult,
+    RewardScorer,
+    last_boxed_content,
+    score_batch,
+    score_response,
+    verify_answer,
+)
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+# A real input whose comparison runs for minutes in sympy (9^(9^9) is evaluated exactly), so it
+# exercises the time limits without any test-only hook.
+SLOW_RESPONSE = "\\boxed{9^{9^{9}}}"
+
+
+def read_jsonl(name: str) -> list[dict]:
+    path = DATA_DIR / name
+    if not path.exists():
+        pytest.skip(f"real benchmark file {path} is absent (expected in ../shared/data next to the repo)")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def two_worker_scorer():
+    with RewardScorer(workers=2) as scorer:
+        yield scorer
+
+
+def test_rule_constants_are_recordable():
+    assert EXTRACTION_RULE == "last_boxed"
+    assert "\\boxed{" in EXTRACTION_RULE_DESCRIPTION
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("no box here, the answer is 13", None),
+        ("\\boxed{12} then \\boxed{13}", "13"),
+        ("\\boxed{13} then \\boxed{12}", "12"),
+        ("so \\boxed{8", None),  # truncated: never closes
+        ("\\boxed{7} but then \\boxed{8", "7"),  # truncated last box: the earlier complete one counts
+        ("\\boxed{\\frac{1}{\\sqrt{2}}}.", "\\frac{1}{\\sqrt{2}}"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),  # escaped braces are not structure
+        ("\\boxed {5}", "5"),  # LaTeX allows space before the argument
+        ("\\boxed 5", None),  # no braces: not an answer under this rule
+        ("\\boxed{}", ""),
+        ("\\boxed{ 42 }", "42"),
+        ("\\boxed{\\boxed{5}}", "5"),
+        ("} stray closer \\boxed{3}", "3"),
+        ("$\\boxed{\\text{(C)}}$", "\\text{(C)}"),
+    ],
+)
+def test_last_boxed_content(text, expected):
+    assert last_boxed_content(text) == expected
+
+
+def test_no_box_scores_zero():
+    assert score_response("The answer is 13.", "13") == RewardResult(0.0, None, "no_box")
+
+
+def test_unboxed_trailing_number_scores_zero():
+    # math-verify alone would extract the trailing 13; the rule only reads boxed content.
+    assert verify_answer("Adding up gives 13", "13") == 0.0
+    assert score_response("I guess \\boxed{12}. Actually it is 13", "13").reward == 0.0
+
+
+@pytest.mark.parametrize(
+    ("response", "reward"), [("\\boxed{12} ... \\boxed{13}", 1.0), ("\\boxed{13} ... \\boxed{12}", 0.0)]
+)
+def test_last_box_wins(response, reward):
+    assert verify_answer(response, "13") == reward
+
+
+def test_truncated_box():
+    assert score_response("so the answer is \\boxed{8", "8") == RewardResult(0.0, None, "no_box")
+    assert score_response("\\boxed{8} wait, \\boxed{9", "8") == RewardResult(1.0, "8", "ok")
+
+
+def test_fraction_equals_decimal_and_slash_forms():
+    # math-verify compares values: 1/2, 0.5 and \frac{1}{2} are the same number, so all score 1.
+    assert score_response("\\boxed{\\frac{1}{2}}", "0.5") == RewardResult(1.0, "\\frac{1}{2}", "ok")
+    assert score_response("\\boxed{\\frac{1}{2}}", "1/2") == RewardResult(1.0, "\\frac{1}{2}", "ok")
+    assert verify_answer("\\boxed{0.5}", "\\frac{1}{2}") == 1.0
+
+
+def test_plain_and_wrong_answers():
+    assert score_response("\\boxed{13}", "13") == RewardResult(1.0, "13", "ok")
+    assert score_response("\\boxed{14}", "13") == RewardResult(0.0, "14", "ok")
+    assert verify_answer("\\boxed{-3}", "3") == 0.0
+
+
+def test_nested_braces_and_equivalent_forms():
+    result = score_response("Thus $\\boxed{\\frac{1}{\\sqrt{2}}}$.", "\\frac{\\sqrt{2}}{2}")
+    assert result == RewardResult(1.0, "\\frac{1}{\\sqrt{2}}", "ok")
+    assert verify_answer("\\boxed{2\\sqrt{3}}", "\\sqrt{12}") == 1.0
+    assert verify_answer("\\boxed{1,000}", "1000") == 1.0
+    assert verify_answer("\\boxed{\\text{(C)}}", "\\text{(C)}") == 1.0
+    assert verify_answer("\\boxed{C}", "\\text{(C)}") == 1.0
+
+
+def test_empty_box_scores_zero():
+    assert score_response("\\boxed{}", "5") == RewardResult(0.0, "", "ok")
+
+
+def test_unparseable_gold_is_an_error():
+    assert score_response("\\boxed{5}", "") == RewardResult(0.0, "5", "error")
+
+
+def test_exception_is_scored_as_error(monkeypatch):
+    def broken_verify(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(rewards, "verify", broken_verify)
+    assert score_response("\\boxed{5}", "5") == RewardResult(0.0, "5", "error")
+
+
+def test_timeout_scores_zero_in_process():
+    score_response("\\boxed{1}", "1")  # builds math-verify's lazy state outside the tiny limit
+    assert score_response(SLOW_RESPONSE, "1", timeout_s=0.3) == RewardResult(0.0, "9^{9^{9}}", "timeout")
+    with RewardScorer(workers=0, timeout_s=0.3) as scorer:
+        results = scorer.submit([(SLOW_RESPONSE, "1"), ("\\boxed{1}", "1")]).get()
+    assert [result.status for result in results] == ["timeout", "ok"]
+    assert (scorer.timeouts, scorer.errors) == (1, 0)
+
+
+def test_scoring_off_the_main_thread_has_no_signal_error():
+    # SIGALRM can't be used here, so scoring runs without a limit instead of failing.
+    results = []
+    thread = threading.Thread(target=lambda: results.append(score_response("\\boxed{13}", "13")))
+    thread.start()
+    thread.join()
+    assert results == [RewardResult(1.0, "13", "ok")]
+
+
+PAIRS = [
+    ("\\boxed{13}", "13"),
+    ("no box 13", "13"),
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("\\boxed{12} \\boxed{13}", "12"),
+    ("\\boxed{x^2+1}", "1+x^2"),
+    ("\\boxed{8", "8"),
+    ("\\boxed{(1, 2)}", "(1,2)"),
+    ("\\boxed{\\text{(C)}}", "\\text{(A)}"),
+]
+
+
+def test_parallel_scoring_equals_in_process():
+    in_process = score_batch(PAIRS, workers=0)
+    assert score_batch(PAIRS, workers=2) == in_process
+    assert [result.reward for result in in_process] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    assert score_batch([], workers=2) == []
+
+
+def test_scorer_keeps_its_pool_across_batches(two_worker_scorer):
+    first = two_worker_scorer.submit(PAIRS[:4])
+    second = two_worker_scorer.submit(PAIRS[4:])
+    assert second.get() + first.get() == score_batch(PAIRS[4:] + PAIRS[:4], workers=0)
+    assert first.get() is first.get()
+    assert two_worker_scorer.restarts == 0
+
+
+def test_soft_timeout_in_worker_is_counted():
+    with RewardScorer(workers=1, timeout_s=0.5) as scorer:
+        results = scorer.submit([(SLOW_RESPONSE, "1"), ("\\boxed{2}", "2")]).get()
+    assert results == [RewardResult(0.0, "9^{9^{9}}", "timeout"), RewardResult(1.0, "2", "ok")]
+    assert (scorer.timeouts, scorer.restarts) == (1, 0)
+
+
+def test_stalled_worker_is_replaced():
+    # A soft limit far beyond the hard limit stands in for a computation the signal cannot interrupt.
+    with RewardScorer(workers=1, timeout_s=60, hard_limit_s=2.0) as scorer:
+        assert scorer.submit([("\\boxed{1}", "1")]).get()[0].reward == 1.0  # pool is up: no startup grace
+        results = scorer.submit([("\\boxed{2}", "2"), (SLOW_RESPONSE, "1")]).get()
+        assert results == [RewardResult(1.0, "2", "ok"), RewardResult(0.0, "9^{9^{9}}", "timeout")]
+        assert (scorer.timeouts, scorer.restarts) == (1, 1)
+        assert scorer.submit([("\\boxed{3}", "3")]).get() == [RewardResult(1.0, "3", "ok")]
+
+
+def test_batch_queued_behind_a_slow_batch_is_not_stalled():
+    # Progress is pool-wide: the second batch waits longer than hard_limit_s for its own result, but
+    # the first batch keeps finishing items, so nothing is declared stalled.
+    with RewardScorer(workers=1, timeout_s=0.5, hard_limit_s=1.5) as scorer:
+        scorer.submit([("\\boxed{1}", "1")]).get()
+        slow = scorer.submit([(SLOW_RESPONSE, "1")] * 4)
+        quick = scorer.submit([("\\boxed{2}", "2")])
+        assert quick.get() == [RewardResult(1.0, "2", "ok")]
+        assert [result.status for result in slow.get()] == ["timeout"] * 4
+        assert (scorer.timeouts, scorer.restarts) == (4, 0)
+
+
+def test_stall_loses_the_batches_queued_in_the_replaced_pool():
+    with RewardScorer(workers=1, timeout_s=60, hard_limit_s=2.0) as scorer:
+        scorer.submit([("\\boxed{1}", "1")]).get()
+        stalled = scorer.submit([(SLOW_RESPONSE, "1")])
+        queued = scorer.submit([("\\boxed{4}", "4")])
+        assert stalled.get()[0].status == "timeout"
+        assert queued.get() == [RewardResult(0.0, "4", "timeout")]
+        assert (scorer.timeouts, scorer.restarts) == (2, 1)
+
+
+def test_math500_gold_solutions_verify_against_gold_answers(two_worker_scorer):
+    rows = read_jsonl("math500.jsonl")
+    pairs = [(row["solution"], row["answer"]) for row in rows]
+    results = two_worker_scorer.submit(pairs).get()
+    misses = [
+        (row["unique_id"], result.extracted_answer, row["answer"])
+        for row, result in zip(rows, results, strict=True)
+        if result.reward != 1.0
+    ]
+    passed = len(rows) - len(misses)
+    print(f"MATH-500: {passed}/{len(rows)} gold solutions verify; misses: {misses}")
+    assert len(rows) == 500
+    assert passed >= 0.98 * len(rows), misses
+
+
+def test_gsm8k_gold_answers_verify_against_themselves(two_worker_scorer):
+    rows = read_jsonl("gsm8k_test.jsonl")
+    golds = [re.fullmatch(r"#### (.+)", row["answer"].strip().splitlines()[-1]).group(1) for row in rows]
+    golds = [gold.replace(",", "") for gold in golds]
+    results = two_worker_scorer.submit([(f"\\boxed{{{gold}}}", gold) for gold in golds]).get()
+    misses = [gold for gold, result in zip(golds, results, strict=True) if result.reward != 1.0]
+    assert len(rows) == 1319
+    assert misses == []
