@@ -10,9 +10,16 @@ console = Console(stderr=True)
 
 
 class GenerationProgress:
-    """A progress bar over prompts, with responses/s and the mean reward so far."""
+    """A progress bar over prompts, with responses/s and the mean reward so far.
+
+    It appears with the first finished batch, so input errors found earlier print as one clean line.
+    """
 
     def __enter__(self) -> "GenerationProgress":
+        self._bar = None
+        return self
+
+    def _start(self) -> None:
         self._bar = Progress(
             TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TextColumn("prompts"),
             TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[reward]}"), TimeElapsedColumn(),
@@ -20,9 +27,10 @@ class GenerationProgress:
         )
         self._bar.__enter__()
         self._task = self._bar.add_task("generate", total=None, rate="", reward="")
-        return self
 
     def update(self, progress) -> None:
+        if self._bar is None:
+            self._start()
         rate = progress.responses / max(progress.elapsed_s, 1e-9)
         self._bar.update(
             self._task, completed=progress.prompts_done, total=progress.prompts_total,
@@ -30,7 +38,8 @@ class GenerationProgress:
         )
 
     def __exit__(self, *exc) -> None:
-        self._bar.__exit__(*exc)
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
 
 
 def print_summary(summary: dict, with_metadata: bool = False) -> None:

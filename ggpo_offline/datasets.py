@@ -72,7 +72,7 @@ def load_problems(
     return _load(spec, problem_key, answer_key, solution_key, split, limit, seed).problems
 
 
-def dataset_fingerprint(
+def load_dataset(
     spec: str,
     *,
     problem_key: str | None = None,
@@ -81,12 +81,13 @@ def dataset_fingerprint(
     split: str | None = None,
     limit: int | None = None,
     seed: int = 0,
-) -> dict:
-    """What pool metadata records about the prompts: the spec, resolved columns and a content sha256
-    (of the file bytes, of the generated arith problems, or of the hf dataset's rows)."""
+) -> tuple[list[Problem], dict]:
+    """The problems of ``spec`` (as ``load_problems``) and what pool metadata records about them: the
+    spec, resolved columns and a content sha256 (of the file bytes, of the generated arith problems, or
+    of the hf dataset's rows)."""
     loaded = _load(spec, problem_key, answer_key, solution_key, split, limit, seed)
     columns = loaded.columns
-    return {
+    fingerprint = {
         "spec": spec,
         "source": loaded.source,
         "sha256": loaded.sha256,
@@ -98,6 +99,12 @@ def dataset_fingerprint(
         "seed": seed,
         "num_problems": len(loaded.problems),
     }
+    return loaded.problems, fingerprint
+
+
+def dataset_fingerprint(spec: str, **kwargs) -> dict:
+    """Only the metadata half of ``load_dataset``."""
+    return load_dataset(spec, **kwargs)[1]
 
 
 def _load(

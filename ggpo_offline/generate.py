@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ggpo_offline import __version__
-from ggpo_offline.datasets import dataset_fingerprint, load_problems
-from ggpo_offline.engines import Sample, SamplingSettings, load_engine, prompt_seed
+from ggpo_offline.datasets import load_dataset
+from ggpo_offline.engines import ENGINES, Engine, Sample, SamplingSettings, load_engine, prompt_seed
 from ggpo_offline.errors import UserError
 from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_sha256, weights_sha256
 from ggpo_offline.pool.schema import SCHEMA_VERSION
@@ -96,6 +96,7 @@ def _validate_settings(config: GenerateConfig) -> None:
         (s.max_tokens >= 1, f"--max-tokens must be >= 1, got {s.max_tokens}"),
         (config.num_prompts is None or config.num_prompts >= 1, "--num-prompts must be >= 1"),
         (config.reward_workers >= 0, "--reward-workers must be >= 0"),
+        (config.engine in ENGINES, f"unknown --engine {config.engine!r}; choose one of {', '.join(ENGINES)}"),
         (config.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown --dtype {config.dtype!r}"),
         (config.template in ("auto", "chat", "plain"), f"unknown --template {config.template!r}"),
     ]
@@ -161,15 +162,23 @@ def _rows(batch: _Batch, results: list[RewardResult], m: int, mixed_only: bool, 
     return rows
 
 
-def generate_pool(config: GenerateConfig, on_batch: Callable[[Progress], None] | None = None) -> Path:
-    """Write the pool described by ``config``; returns its path. Raises UserError on bad input."""
+def generate_pool(
+    config: GenerateConfig,
+    on_batch: Callable[[Progress], None] | None = None,
+    engine: Engine | None = None,
+) -> Path:
+    """Write the pool described by ``config``; returns its path. Raises UserError on bad input.
+
+    ``engine`` reuses an already started engine for the same model (it is left running); by default
+    the engine named in ``config`` is started here and closed at the end.
+    """
     _validate_settings(config)
     out = Path(config.out)
     check_output_path(out, config.overwrite)  # before any slow work
+    kwargs = _dataset_kwargs(config)
+    problems, dataset_meta = load_dataset(config.dataset, **kwargs)
     model_dir = resolve_model_dir(config.model)
     tokenizer = load_tokenizer(model_dir)
-    kwargs = _dataset_kwargs(config)
-    problems = load_problems(config.dataset, **kwargs)
     template = resolve_template(tokenizer, config.template)
     sampling = config.sampling
 
@@ -185,7 +194,9 @@ def generate_pool(config: GenerateConfig, on_batch: Callable[[Progress], None] |
         raise UserError(f"every prompt is longer than {prompt_limit} tokens (model limit minus --max-tokens)")
     max_model_len = max(len(prompt_ids[i]) for i in keep) + sampling.max_tokens
 
-    engine = load_engine(config.engine, model_dir, config.dtype, max_model_len, sampling.seed)
+    owns_engine = engine is None
+    if owns_engine:
+        engine = load_engine(config.engine, model_dir, config.dtype, max_model_len, sampling.seed)
     progress = Progress(prompts_total=len(keep))
     try:
         with RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer, PoolWriter(
@@ -213,13 +224,14 @@ def generate_pool(config: GenerateConfig, on_batch: Callable[[Progress], None] |
                 pending = batch
             if pending is not None:
                 _finish_batch(pending, writer, sampling.m, config.mixed_only, progress, on_batch)
-            metadata = _metadata(config, model_dir, tokenizer, engine, template, kwargs, progress, skipped_long)
+            metadata = _metadata(config, model_dir, tokenizer, engine, template, dataset_meta, progress, skipped_long)
             metadata["reward"].update(timeouts=scorer.timeouts, errors=scorer.errors)
             if progress.responses == 0:
                 raise UserError("no group was kept (--mixed-only and no prompt had a mixed group); nothing written")
             return writer.close(metadata)
     finally:
-        engine.close()
+        if owns_engine:
+            engine.close()
 
 
 def _finish_batch(batch, writer, m, mixed_only, progress, on_batch) -> None:
@@ -230,7 +242,7 @@ def _finish_batch(batch, writer, m, mixed_only, progress, on_batch) -> None:
         on_batch(progress)
 
 
-def _metadata(config, model_dir, tokenizer, engine, template, dataset_kwargs, progress, skipped_long) -> dict:
+def _metadata(config, model_dir, tokenizer, engine, template, dataset_meta, progress, skipped_long) -> dict:
     """The provenance stored in the pool footer under the ``ggpo_offline`` key."""
     described = engine.describe()
     return {
@@ -247,7 +259,7 @@ def _metadata(config, model_dir, tokenizer, engine, template, dataset_kwargs, pr
         "dtype": described["dtype"],
         "sampling": {**config.sampling.as_dict(), "logprobs_mode": described["logprobs_mode"],
                      "seed_derivation": "per prompt: sha256('{seed}:{prompt_id}'), engine adds the sample index"},
-        "dataset": dataset_fingerprint(config.dataset, **dataset_kwargs),
+        "dataset": dataset_meta,
         "prompt_template": template_description(template),
         "reward": {
             "extraction_rule": EXTRACTION_RULE,

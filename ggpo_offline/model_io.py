@@ -14,7 +14,10 @@ def resolve_model_dir(model: str | Path | None) -> Path:
     if model is None:
         from ggpo_offline.tiny import tiny_model_dir
 
-        return tiny_model_dir()
+        path = tiny_model_dir()
+        if not (path / "config.json").is_file():
+            raise UserError(f"the embedded tiny model is missing from {path}; reinstall ggpo-offline")
+        return path
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -26,8 +26,8 @@ EXTRACTION_RULE_DESCRIPTION = (
 
 STATUSES = ("ok", "no_box", "timeout", "error")
 
-# Wall limit for one item in a worker, as a multiple of the soft timeout: the soft (signal) timeout can
-# miss a computation stuck in C code, and a worker that dies loses its task; this catches both.
+# The pool is judged stalled when no item finishes for this multiple of the soft timeout: the soft
+# (signal) timeout can miss a computation stuck in C code, and a worker that dies loses its task.
 HARD_LIMIT_FACTOR = 4.0
 # Spawned workers import sympy and math-verify before their first answer, which can take a while on a
 # busy machine, so a fresh pool gets this much extra time before it is judged stalled.
@@ -107,7 +107,8 @@ def _time_limit(seconds: float) -> Iterator[None]:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous_handler)
+        # None means the old handler was set outside Python; the default is the closest we can restore.
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous_handler is None else previous_handler)
 
 
 def _raise_timeout(signum: int, frame: object) -> None:

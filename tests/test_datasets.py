@@ -257,3 +257,35 @@ def test_bad_arguments(tmp_path):
 def test_hf_without_the_datasets_package(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` raise ImportError
     assert "need the `datasets` package" in user_error("hf:openai/gsm8k:main:test")
+
+
+class FakeHfDataset(list):
+    """Stands in for a ``datasets.Dataset``: iterable rows plus ``column_names``."""
+
+    column_names = ["question", "answer"]
+
+
+def test_hf_specs_with_a_stand_in_datasets_package(monkeypatch):
+    calls = []
+
+    def load_dataset(name, config, split):
+        calls.append((name, config, split))
+        if name == "missing/set":
+            raise FileNotFoundError("Dataset 'missing/set' doesn't exist on the Hub\nmore detail")
+        return FakeHfDataset([{"question": "q1", "answer": "#### 1,000"}, {"question": "q2", "answer": "2"}])
+
+    monkeypatch.setitem(sys.modules, "datasets", type(sys)("datasets"))
+    monkeypatch.setattr(sys.modules["datasets"], "load_dataset", load_dataset, raising=False)
+    problems = load_problems("hf:openai/gsm8k:main:test")
+    assert [problem.answer for problem in problems] == ["1000", "2"]
+    assert {problem.source for problem in problems} == {"hf:openai/gsm8k:main:test"}
+    assert load_problems("hf:some/set", limit=1)[0].source == "hf:some/set:train"
+    assert calls[:2] == [("openai/gsm8k", "main", "test"), ("some/set", None, "train")]
+    fingerprint = dataset_fingerprint("hf:some/set:validation")
+    assert (fingerprint["split"], fingerprint["problem_key"]) == ("validation", "question")
+    assert fingerprint == dataset_fingerprint("hf:some/set", split="validation") | {
+        "spec": "hf:some/set:validation"
+    }
+    assert "could not load Hugging Face dataset 'missing/set' split 'train': Dataset" in user_error(
+        "hf:missing/set"
+    )

@@ -37,8 +37,9 @@ class Sample:
 def prompt_seed(seed: int, prompt_id: str) -> int:
     """A prompt's own sampling seed, so its samples do not depend on batching or sharding."""
     digest = hashlib.sha256(f"{seed}:{prompt_id}".encode()).digest()
-    # 31 bits leave room for the engine's per-sample offsets (seed + sample index) in a signed int32.
-    return int.from_bytes(digest[:4], "little") >> 2
+    # vLLM seeds sample i of a request with seed + i: 62 random bits keep those runs of seeds from
+    # overlapping between prompts (31 bits would collide for some pair in a pool of ~10k prompts).
+    return int.from_bytes(digest[:8], "little") >> 2
 
 
 def cut_at_eos(token_ids: list[int], logprobs: list[float], eos_ids: set[int]) -> Sample:

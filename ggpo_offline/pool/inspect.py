@@ -26,7 +26,7 @@ def pool_summary(path: Path | str) -> dict:
         pl.col("length").sum().alias("tokens"),
         pl.col("length").mean().alias("mean_length"),
         pl.col("length").max().alias("max_length"),
-        *[pl.col("length").quantile(q, "nearest").alias(f"p{round(q * 100)}") for q in LENGTH_PERCENTILES],
+        *[pl.col("length").quantile(q, "nearest").cast(pl.Int64).alias(f"p{round(q * 100)}") for q in LENGTH_PERCENTILES],
     ).collect().row(0, named=True)
     groups = (
         rows.group_by("group_id")

@@ -1,0 +1,96 @@
+"""Shared fixtures: synthetic pools, the shipped tiny model, and one vLLM engine per test session."""
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from ggpo_offline.pool.schema import SCHEMA_VERSION
+from ggpo_offline.pool.writer import PoolWriter
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def shared_file(name: str) -> Path:
+    """A real benchmark file from ../shared/data, or skip the test saying why."""
+    path = SHARED_DATA / name
+    if not path.is_file():
+        pytest.skip(f"real benchmark file {path} is absent (expected in ../shared/data beside the repo)")
+    return path
+
+
+def synthetic_rows(groups: int, m: int, seed: int = 0) -> list[dict]:
+    """Valid pool rows with random tokens, log-probs <= 0 and binary rewards."""
+    rng = random.Random(seed)
+    rows = []
+    for group_id in range(groups):
+        for sample_idx in range(m):
+            length = rng.randint(1, 12)
+            rows.append(
+                {
+                    "group_id": group_id,
+                    "sample_idx": sample_idx,
+                    "prompt_id": f"p{group_id}",
+                    "source": "synthetic",
+                    "prompt": f"What is {group_id} + 1?",
+                    "prompt_token_ids": [1, 5, 6, 7],
+                    "answer": str(group_id + 1),
+                    "response": "x" * length,
+                    "response_token_ids": [rng.randint(4, 99) for _ in range(length)],
+                    "behavior_logprobs": [-rng.random() * 3 for _ in range(length)],
+                    "finish_reason": rng.choice(["stop", "length"]),
+                    "reward": float(rng.random() < 0.5),
+                    "extracted_answer": None,
+                }
+            )
+    return rows
+
+
+def synthetic_metadata(m: int) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "sampling": {"m": m}, "model": {"name": "synthetic"}}
+
+
+def write_synthetic_pool(path: Path, groups: int = 6, m: int = 4, rows: list[dict] | None = None,
+                         metadata: dict | None = None, rows_per_group_chunk: int | None = None) -> Path:
+    """Write a pool through the real writer, optionally in several row groups."""
+    rows = synthetic_rows(groups, m) if rows is None else rows
+    chunk = rows_per_group_chunk or len(rows)
+    with PoolWriter(path, overwrite=True) as writer:
+        for start in range(0, len(rows), chunk):
+            writer.write_rows(rows[start : start + chunk])
+        writer.close(synthetic_metadata(m) if metadata is None else metadata)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dir() -> Path:
+    from ggpo_offline.tiny import tiny_model_dir
+
+    return tiny_model_dir()
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_dir):
+    """The vLLM engine on the tiny model, started once for the whole session (it takes ~15 s here)."""
+    from ggpo_offline.engines import load_engine
+
+    engine = load_engine("vllm", tiny_dir, dtype="auto", max_model_len=512, seed=0)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_pool(tmp_path_factory, vllm_engine) -> Path:
+    """A small pool written by the vLLM engine from the embedded default (arith train split)."""
+    from ggpo_offline.engines import SamplingSettings
+    from ggpo_offline.generate import GenerateConfig, generate_pool
+
+    out = tmp_path_factory.mktemp("vllm") / "pool.parquet"
+    config = GenerateConfig(num_prompts=40, sampling=SamplingSettings(m=8, max_tokens=64, seed=7), out=out,
+                            reward_workers=2, batch_prompts=16)
+    return generate_pool(config, engine=vllm_engine)
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,99 @@
+"""The `ggpo` command as a user runs it: a CPU smoke run per command and one clear line per bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, write_synthetic_pool
+
+GGPO = [str(Path(sys.executable).parent / "ggpo")]
+
+
+def ggpo(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(GGPO + list(args), capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess, expected: str) -> None:
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_help_does_not_import_vllm_or_torch():
+    code = "import sys, ggpo_cli.main; print('vllm' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+    result = ggpo("--help")
+    assert result.returncode == 0 and "generate-pool" in result.stdout
+
+
+def test_generate_pool_with_the_hf_engine_end_to_end(tmp_path):
+    out = tmp_path / "hf.parquet"
+    result = ggpo("generate-pool", "--engine", "hf", "--num-prompts", "6", "-m", "4", "--max-tokens", "48",
+                  "--seed", "3", "--out", str(out), "--reward-workers", "1")
+    assert result.returncode == 0, result.stderr
+    assert "mixed groups" in result.stdout and "mean reward" in result.stdout
+    validated = ggpo("pool", "validate", str(out))
+    assert validated.returncode == 0
+    assert validated.stdout.strip() == f"{out}: valid pool, 6 groups x 4 = 24 responses, " + \
+        validated.stdout.strip().split("responses, ")[1]
+    inspected = ggpo("pool", "inspect", str(out))
+    assert inspected.returncode == 0 and '"engine"' in inspected.stdout and "hf" in inspected.stdout
+
+
+def test_unknown_model_path(tmp_path):
+    result = ggpo("generate-pool", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "p.parquet"))
+    assert_one_error_line(result, "no such model folder")
+    assert not (tmp_path / "p.parquet").exists()
+
+
+def test_dataset_with_missing_columns(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"text": "What is 1 + 1?", "gold": "2"}) + "\n")
+    result = ggpo("generate-pool", "--dataset", str(data), "--out", str(tmp_path / "p.parquet"))
+    assert_one_error_line(result, "column")
+    result = ggpo("generate-pool", "--dataset", str(data), "--problem-key", "text", "--answer-key", "answer",
+                  "--out", str(tmp_path / "p.parquet"))
+    assert_one_error_line(result, "'answer'")
+    assert not (tmp_path / "p.parquet").exists()
+
+
+def test_empty_dataset(tmp_path):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("")
+    result = ggpo("generate-pool", "--dataset", str(data), "--out", str(tmp_path / "p.parquet"))
+    assert_one_error_line(result, "empty")
+
+
+def test_existing_output_is_not_overwritten(tmp_path):
+    out = write_synthetic_pool(tmp_path / "keep.parquet")
+    before = out.read_bytes()
+    result = ggpo("generate-pool", "--out", str(out))
+    assert_one_error_line(result, "already exists; pass --overwrite")
+    assert out.read_bytes() == before
+
+
+def test_validate_corrupted_pool(tmp_path):
+    out = write_synthetic_pool(tmp_path / "p.parquet", groups=30)
+    data = out.read_bytes()
+    out.write_bytes(data[: len(data) - 40])
+    result = ggpo("pool", "validate", str(out))
+    assert result.returncode == 1
+    assert_one_error_line(result, "not a readable Parquet file")
+    assert_one_error_line(ggpo("pool", "inspect", str(out)), "not a readable Parquet file")
+
+
+def test_bad_flag_values_are_one_line(tmp_path):
+    result = ggpo("generate-pool", "--temperature", "0", "--out", str(tmp_path / "p.parquet"))
+    assert_one_error_line(result, "--temperature must be > 0")
+    result = ggpo("generate-pool", "--engine", "tgi", "--out", str(tmp_path / "q.parquet"))
+    assert_one_error_line(result, "unknown --engine 'tgi'; choose one of vllm, hf")
+
+
+@pytest.mark.parametrize("what", ["validate", "inspect"])
+def test_pool_commands_on_a_missing_file(tmp_path, what):
+    assert_one_error_line(ggpo("pool", what, str(tmp_path / "missing.parquet")), "no such pool file")
