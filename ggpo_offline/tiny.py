@@ -20,7 +20,7 @@ from transformers import (
 )
 
 from ggpo_offline.arith import arith_items
-from ggpo_offline.prompts import PLAIN_TEMPLATE, encode_prompt
+from ggpo_offline.prompts import encode_prompt, format_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -79,18 +79,9 @@ def build_config(tokenizer: PreTrainedTokenizerFast) -> Qwen3Config:
     )
 
 
-def plain_prompt_text(question: str) -> str:
-    """The plain-template prompt text, the same as ``format_prompt(tokenizer, question, "plain")``.
-
-    Built with ``str.replace`` because ``PLAIN_TEMPLATE.format`` trips over the literal ``{}`` of
-    ``\\boxed{}`` in the template (IndexError); switch back to ``format_prompt`` once that is fixed.
-    """
-    return PLAIN_TEMPLATE.replace("{problem}", question)
-
-
 def _prompt_ids(tokenizer, question: str) -> list[int]:
     """Prompt token ids exactly as the rest of the pipeline builds them (plain template, with <bos>)."""
-    return encode_prompt(tokenizer, plain_prompt_text(question), "plain")
+    return encode_prompt(tokenizer, format_prompt(tokenizer, question, "plain"), "plain")
 
 
 def _training_examples(tokenizer, n_train: int, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -135,6 +126,47 @@ def _save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
+def _train(
+    model: Qwen3ForCausalLM,
+    examples: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    seed: int,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    warmup_steps: int,
+    log_every: int,
+) -> dict:
+    """The supervised loop: AdamW, warmup + cosine, batches drawn with replacement."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: _learning_rate_factor(step, steps, min(warmup_steps, steps))
+    )
+    # A dedicated generator: the batch order depends on the seed only, not on model-init draws.
+    batch_generator = torch.Generator().manual_seed(seed)
+    started = time.monotonic()
+    losses: list[float] = []
+    for step in range(steps):
+        indices = torch.randint(len(examples), (batch_size,), generator=batch_generator).tolist()
+        loss = model(**_collate([examples[i] for i in indices], pad_id)).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            elapsed = time.monotonic() - started
+            logger.info("step %d/%d loss %.4f (%.0f s)", step + 1, steps, losses[-1], elapsed)
+    tail = losses[-100:]
+    return {
+        "first_loss": losses[0] if losses else None,
+        "final_loss": sum(tail) / len(tail) if tail else None,
+        "train_seconds": time.monotonic() - started,
+    }
+
+
 def build_tiny_model(
     out_dir: Path,
     seed: int = 0,
@@ -143,44 +175,37 @@ def build_tiny_model(
     batch_size: int = 16,
     learning_rate: float = 3e-3,
     warmup_steps: int = 100,
-    num_threads: int | None = None,
+    num_threads: int | None = 1,
     log_every: int = 100,
 ) -> dict:
     """Pretrain the tiny model on worked arith solutions and save it (tokenizer, model, generation config).
 
     Returns training statistics. The budget is in steps, so the result does not depend on machine speed.
+    One thread by default: the shipped weights were built that way, and float reductions can differ with
+    the thread count; at this size more threads barely help anyway. None keeps torch's setting.
     """
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    torch.manual_seed(seed)
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
-    model = Qwen3ForCausalLM(build_config(tokenizer))
-    model.train()
     examples = _training_examples(tokenizer, n_train, seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: _learning_rate_factor(step, steps, min(warmup_steps, steps))
-    )
-    # A dedicated generator: the batch order depends on the seed only, not on model-init draws.
-    batch_generator = torch.Generator().manual_seed(seed)
-    started = time.monotonic()
-    recent_losses: list[float] = []
-    first_loss = None
-    for step in range(steps):
-        indices = torch.randint(len(examples), (batch_size,), generator=batch_generator).tolist()
-        loss = model(**_collate([examples[i] for i in indices], tokenizer.pad_token_id)).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        first_loss = loss.item() if first_loss is None else first_loss
-        recent_losses.append(loss.item())
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            elapsed = time.monotonic() - started
-            logger.info("step %d/%d loss %.4f (%.0f s)", step + 1, steps, loss.item(), elapsed)
-    train_seconds = time.monotonic() - started
+    previous_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(build_config(tokenizer))
+        stats = _train(
+            model,
+            examples,
+            pad_id=tokenizer.pad_token_id,
+            seed=seed,
+            steps=steps,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            warmup_steps=warmup_steps,
+            log_every=log_every,
+        )
+    finally:
+        torch.set_num_threads(previous_threads)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -189,17 +214,15 @@ def build_tiny_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     _save_tokenizer(tokenizer, out_dir)
-    tail = recent_losses[-min(100, len(recent_losses)) :]
     return {
         "seed": seed,
         "steps": steps,
         "batch_size": batch_size,
         "n_train": len(examples),
         "learning_rate": learning_rate,
+        "num_threads": num_threads,
         "parameters": sum(parameter.numel() for parameter in model.parameters()),
-        "first_loss": first_loss,
-        "final_loss": sum(tail) / len(tail),
-        "train_seconds": train_seconds,
+        **stats,
     }
 
 

@@ -11,7 +11,6 @@ from ggpo_offline.tiny import (
     build_tokenizer,
     evaluate_sampled_accuracy,
     last_boxed,
-    plain_prompt_text,
     tiny_model_dir,
 )
 
@@ -53,14 +52,10 @@ def test_special_token_ids(tokenizer):
 
 def test_plain_template_and_bos(tokenizer):
     assert resolve_template(tokenizer, "auto") == "plain"
-    ids = encode_prompt(tokenizer, plain_prompt_text("What is 1 + 2?"), "plain")
+    text = format_prompt(tokenizer, "What is 1 + 2?", "plain")
+    ids = encode_prompt(tokenizer, text, "plain")
     assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
-    assert tokenizer.decode(ids, skip_special_tokens=True) == plain_prompt_text("What is 1 + 2?")
-
-
-@pytest.mark.xfail(raises=IndexError, strict=False, reason="PLAIN_TEMPLATE.format trips on \\boxed{}")
-def test_training_prompt_is_the_pipeline_prompt(tokenizer):
-    assert format_prompt(tokenizer, "What is 1 + 2?", "plain") == plain_prompt_text("What is 1 + 2?")
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
 
 
 def test_shipped_tokenizer_is_the_recipe_tokenizer(tokenizer):
@@ -77,7 +72,7 @@ def test_model_shape_and_size(model):
 
 def test_greedy_answer_to_a_level_one_problem_is_well_formed(tokenizer, model):
     item = next(item for item in arith_items("train", 200) if item.level == 1)
-    ids = torch.tensor([encode_prompt(tokenizer, plain_prompt_text(item.question), "plain")])
+    ids = torch.tensor([encode_prompt(tokenizer, format_prompt(tokenizer, item.question, "plain"), "plain")])
     output = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=64)
     completion = output[0, ids.shape[1] :].tolist()
     assert tokenizer.eos_token_id in completion or "\\boxed{" in tokenizer.decode(completion)
@@ -89,8 +84,10 @@ def test_last_boxed():
 
 
 def test_build_and_evaluate_smoke(tmp_path):
+    threads = torch.get_num_threads()
     stats = build_tiny_model(tmp_path, seed=0, steps=5, n_train=64, warmup_steps=2)
     assert stats["steps"] == 5 and stats["final_loss"] > 0
+    assert torch.get_num_threads() == threads  # the recipe's one-thread setting does not leak out
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert reloaded.config.vocab_size == 100
     result = evaluate_sampled_accuracy(tmp_path, n_problems=3, m=2, max_new_tokens=4)

@@ -17,13 +17,15 @@ def prepare_environment() -> dict:
 
     vLLM's CPU build refuses to start without a KV-cache size (1 GiB here), and on CPU one process
     (engine core and worker in-process) starts in seconds instead of a minute of process spawning.
+    Eager mode: on CPU, torch.compile costs ~50 s at start for no gain on small models.
     """
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings are about CPU tuning, not results
     if torch.cuda.is_available():
         return {}
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    return {"distributed_executor_backend": "uni"}
+    # Small KV blocks let the m samples of a short prompt share its cached prefix (1.5x faster here).
+    return {"distributed_executor_backend": "uni", "block_size": 32}
 
 
 class VllmEngine:
