@@ -70,6 +70,61 @@ def pool_validate(path: Path = typer.Argument(..., help="Pool file.")) -> None:
     print(validate_pool(path).summary())
 
 
+@app.command("train")
+def train(
+    pool: Path = typer.Option(None, help="Pool to replay [default: pools/base.parquet]."),
+    method: str = typer.Option(None, help="ggpo, ggpo-clip, agro, grpo or grpo-tis [default: ggpo]."),
+    preset: str = typer.Option(None, help="paper-offline (SPEC defaults) or tiny (embedded model, ~2 min)."),
+    config: Path = typer.Option(None, help="TOML/YAML/JSON file of settings (flags override it)."),
+    model: str = typer.Option(None, help="Initial policy folder [default: the pool's model]."),
+    seed: int = typer.Option(None, help="Seed of the data plan and torch [default: 42]."),
+    updates: int = typer.Option(None, help="U: optimizer updates."),
+    groups_per_batch: int = typer.Option(None, help="G: groups per minibatch."),
+    lr: float = typer.Option(None, help="AdamW learning rate."),
+    beta: float = typer.Option(None, help="β of GGPO / GGPO-clip / AGRO."),
+    ref_refresh: str = typer.Option(None, help="T_ref: refresh the reference every N updates, or 'never'."),
+    tis_block: int = typer.Option(None, help="GRPO+TIS: updates per π_old block."),
+    micro_batch_size: int = typer.Option(None, help="Responses per forward/backward (multiple of m)."),
+    log_every: int = typer.Option(None, help="Log metrics every N updates."),
+    ess_block: int = typer.Option(None, help="Updates per block of the block sequence ESS."),
+    save_every: int = typer.Option(None, help="Checkpoint every N updates (and at the end)."),
+    threads: int = typer.Option(None, help="CPU threads for torch."),
+    out: Path = typer.Option(None, help="Run folder [default: runs/<pool>/<method>-s<seed>]."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run folder."),
+    tracking_uri: str = typer.Option(None, help="MLflow store [default: $MLFLOW_TRACKING_URI or sqlite:///mlruns.db]."),
+    experiment: str = typer.Option(None, help="MLflow experiment [default: the pool's name]."),
+    no_tracking: bool = typer.Option(None, "--no-tracking", help="Train without MLflow."),
+    allow_tokenizer_mismatch: bool = typer.Option(
+        None, "--allow-tokenizer-mismatch", help="Train a model whose tokenizer differs from the pool's."
+    ),
+) -> None:
+    """Replay a pool deterministically through one learner, logging drift, K3 and ESS to MLflow."""
+    from ggpo_offline.train.config import resolve_config
+    from ggpo_offline.train.trainer import train as run
+
+    resolved = resolve_config(
+        preset, config, pool=pool, method=method, model=model, seed=seed, updates=updates,
+        groups_per_batch=groups_per_batch, lr=lr, beta=beta, ref_refresh=_ref_refresh(ref_refresh),
+        tis_block=tis_block, micro_batch_size=micro_batch_size, log_every=log_every, ess_block=ess_block,
+        save_every=save_every, threads=threads, out=out, tracking_uri=tracking_uri, experiment=experiment,
+        no_tracking=no_tracking, allow_tokenizer_mismatch=allow_tokenizer_mismatch,
+    )
+    render.print_config(resolved)
+    with render.TrainingProgress(resolved.updates) as progress:
+        result = run(resolved, resume=resume, overwrite=overwrite, on_update=progress.update)
+    render.print_training_result(result)
+
+
+def _ref_refresh(value: str | None) -> int | str | None:
+    if value is None or value == "never":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"--ref-refresh must be a number of updates or 'never', got {value!r}") from None
+
+
 @app.command("build-tiny-model")
 def build_tiny_model(
     out: Path = typer.Option(..., help="Folder to write the model into."),

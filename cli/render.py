@@ -70,3 +70,42 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
     Console().print(table)
     if with_metadata:
         Console().print_json(json.dumps(meta))
+
+
+def print_config(config) -> None:
+    """The resolved training configuration, printed at start."""
+    table = Table(title="resolved config", show_header=False)
+    for key, value in config.to_dict().items():
+        table.add_row(key, str(value))
+    table.add_row("run folder", str(config.run_dir))
+    console.print(table)
+
+
+class TrainingProgress:
+    """A progress bar over updates with loss, reward and drift."""
+
+    def __init__(self, updates: int):
+        self.updates = updates
+
+    def __enter__(self) -> "TrainingProgress":
+        self._bar = Progress(
+            TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), console=console,
+        )
+        self._bar.__enter__()
+        self._task = self._bar.add_task("train", total=self.updates, info="")
+        return self
+
+    def update(self, update: int, metrics: dict) -> None:
+        info = (f"loss {metrics['loss']:+.4f}  reward {metrics['train/reward']:.3f}  "
+                f"drift {metrics['mismatch/drift']:.4f}")
+        self._bar.update(self._task, completed=update + 1, info=info)
+
+    def __exit__(self, *exc) -> None:
+        self._bar.__exit__(*exc)
+
+
+def print_training_result(result) -> None:
+    console.print(f"final model: {result.final_model}")
+    console.print(f"metrics: {result.run_dir / 'metrics.jsonl'}; MLflow run: {result.run_id}")
+    console.print(f"data-order fingerprint: {result.data_order_fingerprint}")

@@ -108,11 +108,21 @@ def _ppo_dual_clip(ratio: Tensor, A: Tensor, clip_eps: float, dual_clip: float) 
     """pg_t = max(−A ρ_t, −A clip(ρ_t, 1−ε, 1+ε)), then min(pg_t, −A·c) where A < 0 (dual clip)."""
     A = A[:, None]  # [B, 1]
     pg1 = -A * ratio
-    pg2 = -A * ratio.clamp(1 - clip_eps, 1 + 2 * clip_eps)
+    pg2 = -A * ratio.clamp(1 - clip_eps, 1 + clip_eps)
     pg = torch.maximum(pg1, pg2)
     pg3 = -A * dual_clip
     dual_clipped = (A < 0) & (pg3 < pg)
     return _PolicyGradient(torch.where(dual_clipped, pg3, pg), pg2 > pg1, dual_clipped)
+
+
+def _grpo_stats(A: Tensor, pg: _PolicyGradient, kl: Tensor, mask: Tensor, T_tok: Tensor) -> dict[str, Tensor]:
+    """advantage [B]; clip_frac, dual_clip_frac and kl as token means under the global normalization."""
+    return {
+        "advantage": A,
+        "clip_frac": _token_sum_over(pg.clipped, mask, T_tok),
+        "dual_clip_frac": _token_sum_over(pg.dual_clipped, mask, T_tok),
+        "kl": _token_sum_over(kl.detach(), mask, T_tok),
+    }
 
 
 def _k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -254,13 +264,7 @@ def grpo_loss(
     pg = _ppo_dual_clip(ratio, A, clip_eps, dual_clip)
     kl = _k3_kl(logp, ref_logp)  # [B, T]
     loss = _token_sum_over(pg.pg, mask, T_tok) + kl_coef * _token_sum_over(kl, mask, T_tok)
-    stats = {
-        "advantage": A,
-        "clip_frac": _token_sum_over(pg.clipped, mask, T_tok),
-        "dual_clip_frac": _token_sum_over(pg.dual_clipped, mask, T_tok),
-        "kl": _token_sum_over(kl.detach(), mask, T_tok),
-    }
-    return LossOutput(loss, stats)
+    return LossOutput(loss, _grpo_stats(A, pg, kl, mask, T_tok))
 
 
 def grpo_tis_loss(
@@ -300,10 +304,7 @@ def grpo_tis_loss(
     kl = _k3_kl(logp, ref_logp)  # [B, T]
     loss = _token_sum_over(w * pg.pg, mask, T_tok) + kl_coef * _token_sum_over(kl, mask, T_tok)
     stats = {
-        "advantage": A,
-        "clip_frac": _token_sum_over(pg.clipped, mask, T_tok),
-        "dual_clip_frac": _token_sum_over(pg.dual_clipped, mask, T_tok),
-        "kl": _token_sum_over(kl.detach(), mask, T_tok),
+        **_grpo_stats(A, pg, kl, mask, T_tok),
         "tis_weight_mean": _token_sum_over(w, mask, T_tok),
         "tis_clip_frac": _token_sum_over(raw_w > tis_cap, mask, T_tok),
     }

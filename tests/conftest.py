@@ -94,3 +94,15 @@ def vllm_pool(tmp_path_factory, vllm_engine) -> Path:
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def hf_pool(tmp_path_factory) -> Path:
+    """A small float32 pool written by the hf engine: the trainer's numerics reproduce its log-probs."""
+    from ggpo_offline.engines import SamplingSettings
+    from ggpo_offline.generate import GenerateConfig, generate_pool
+
+    out = tmp_path_factory.mktemp("hf") / "pool.parquet"
+    config = GenerateConfig(num_prompts=16, sampling=SamplingSettings(m=4, max_tokens=64, seed=3), engine="hf",
+                            dtype="float32", out=out, reward_workers=0)
+    return generate_pool(config)

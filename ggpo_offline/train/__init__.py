@@ -1,0 +1,1 @@
+"""Stage two: replay a pool deterministically through a learner."""

@@ -1,0 +1,167 @@
+"""The training configuration: a frozen dataclass, presets, config files and flag overrides."""
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Literal
+
+from ggpo_offline.errors import UserError
+
+Method = Literal["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis"]
+METHODS: tuple[str, ...] = ("ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis")
+# GGPO-style learners anchor to a reference refreshed every T_ref updates; GRPO keeps the initial model.
+REFRESHING_METHODS = ("ggpo", "ggpo-clip", "agro")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything ``ggpo train`` needs. Defaults are SPEC.md's paper defaults (offline setting)."""
+
+    pool: Path = Path("pools/base.parquet")
+    """The pool to replay."""
+    method: str = "ggpo"
+    """Learner: ggpo, ggpo-clip, agro, grpo or grpo-tis."""
+    model: str | None = None
+    """Initial policy (a local HF folder); None = the model that generated the pool."""
+    seed: int = 42
+    """Seeds the data plan (which groups, in which order) and torch."""
+    updates: int = 400
+    """U: optimizer updates; each uses a fresh minibatch, none revisited."""
+    groups_per_batch: int = 32
+    """G: groups per minibatch (B = G·m responses)."""
+    lr: float = 1e-6
+    """AdamW learning rate (constant, no warmup)."""
+    beta: float = 0.01
+    """KL-regularization strength β of GGPO, GGPO-clip and AGRO."""
+    clip: float = 0.05
+    """GGPO-clip's per-token clip c_clip of the learner-to-reference log ratio."""
+    ref_refresh: int | None = 160
+    """T_ref: π_ref ← π_θ every T_ref updates (GGPO/AGRO); None = never (GRPO/GRPO+TIS always never)."""
+    tis_block: int = 8
+    """GRPO+TIS: π_old is recomputed at the start of every block of this many updates."""
+    tis_cap: float = 2.0
+    clip_eps: float = 0.2
+    dual_clip: float = 10.0
+    kl_coef: float = 0.01
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    grad_clip: float = 1.0
+    micro_batch_size: int | None = None
+    """Responses per forward/backward pass (a multiple of m); None = the whole minibatch at once."""
+    log_every: int = 1
+    """Log metrics every N updates."""
+    ess_block: int = 8
+    """Updates per block of the block-level sequence ESS (paper: 8 minibatches)."""
+    save_every: int | None = None
+    """Checkpoint every N updates (and always at the end)."""
+    out: Path | None = None
+    """Run folder; None = runs/<pool name>/<method>-s<seed>."""
+    threads: int | None = None
+    """CPU threads for torch; None = torch's default."""
+    tracking_uri: str | None = None
+    """MLflow store; None = $MLFLOW_TRACKING_URI or sqlite:///mlruns.db."""
+    experiment: str | None = None
+    """MLflow experiment; None = the pool's file name."""
+    no_tracking: bool = False
+    allow_tokenizer_mismatch: bool = False
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.method}-s{self.seed}"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out if self.out is not None else Path("runs") / Path(self.pool).stem / self.run_name
+
+    @property
+    def effective_ref_refresh(self) -> int | None:
+        """T_ref as applied: GRPO and GRPO+TIS keep the fixed initial reference."""
+        return self.ref_refresh if self.method in REFRESHING_METHODS else None
+
+    def to_dict(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+PRESETS: dict[str, dict] = {
+    # SPEC.md "Paper defaults" (offline): β 0.01, m 8, G 32, U 400, lr 1e-6, T_ref 160.
+    "paper-offline": {},
+    # The embedded model and default pool: ~1 s per update on 2 CPU cores, a visible policy change.
+    "tiny": {"groups_per_batch": 16, "updates": 100, "lr": 2e-4, "ref_refresh": 40, "save_every": 50},
+}
+
+_FIELDS = {f.name: f for f in fields(TrainConfig)}
+
+
+def _normalize(values: dict, where: str) -> dict:
+    """Accept flag-style keys (ref-refresh) and ``ref_refresh: never``; refuse unknown keys."""
+    normalized = {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name not in _FIELDS:
+            raise UserError(f"{where}: unknown setting {key!r}")
+        if name == "ref_refresh" and value in ("never", "none", None):
+            value = None
+        if name in ("pool", "out") and value is not None:
+            value = Path(value)
+        normalized[name] = value
+    return normalized
+
+
+def load_config_file(path: Path) -> dict:
+    """Settings from a TOML or YAML file (keys as field or flag names)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--config {path}: no such file")
+    try:
+        if path.suffix == ".toml":
+            values = tomllib.loads(path.read_text())
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            values = yaml.safe_load(path.read_text()) or {}
+        elif path.suffix == ".json":
+            values = json.loads(path.read_text())
+        else:
+            raise UserError(f"--config {path}: use a .toml, .yaml or .json file")
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        raise UserError(f"--config {path}: cannot parse ({str(exc).splitlines()[0]})") from None
+    if not isinstance(values, dict):
+        raise UserError(f"--config {path}: expected a mapping of settings")
+    return _normalize(values, f"--config {path}")
+
+
+def resolve_config(preset: str | None = None, config_file: Path | None = None, **overrides) -> TrainConfig:
+    """Defaults < preset < config file < flags (``None`` flags are not given)."""
+    if preset is not None and preset not in PRESETS:
+        raise UserError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    values = dict(PRESETS.get(preset or "paper-offline", {}))
+    if config_file is not None:
+        values.update(load_config_file(config_file))
+    values.update(_normalize({k: v for k, v in overrides.items() if v is not None}, "flags"))
+    config = TrainConfig(**values)
+    validate_config(config)
+    return config
+
+
+def validate_config(config: TrainConfig) -> None:
+    """Check choices and ranges once, with one clear line for the first problem."""
+    checks = [
+        (config.method in METHODS, f"unknown method {config.method!r}; choose one of {', '.join(METHODS)}"),
+        (config.updates >= 1, f"--updates must be >= 1, got {config.updates}"),
+        (config.groups_per_batch >= 1, f"--groups-per-batch must be >= 1, got {config.groups_per_batch}"),
+        (config.lr > 0, f"--lr must be > 0, got {config.lr}"),
+        (config.beta > 0, f"--beta must be > 0, got {config.beta}"),
+        (config.ref_refresh is None or config.ref_refresh >= 1, "--ref-refresh must be >= 1 or 'never'"),
+        (config.tis_block >= 1, f"--tis-block must be >= 1, got {config.tis_block}"),
+        (config.log_every >= 1, f"--log-every must be >= 1, got {config.log_every}"),
+        (config.ess_block >= 1, f"--ess-block must be >= 1, got {config.ess_block}"),
+        (config.save_every is None or config.save_every >= 1, "--save-every must be >= 1"),
+        (config.micro_batch_size is None or config.micro_batch_size >= 1, "--micro-batch-size must be >= 1"),
+        (config.threads is None or config.threads >= 1, "--threads must be >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)

@@ -1,0 +1,83 @@
+"""The data plan: which mixed-reward groups each update uses, fixed by the pool and the seed alone."""
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from ggpo_offline.errors import UserError
+from ggpo_offline.pool.schema import read_pool_metadata
+
+
+@dataclass(frozen=True)
+class PoolIndex:
+    """What planning needs from a pool, read by streaming two columns."""
+
+    mixed_group_ids: np.ndarray
+    """Group ids with 0 < Σr < m, in pool order."""
+    row_groups_of: dict[int, tuple[int, ...]]
+    """Parquet row groups holding each mixed group's rows."""
+    group_size: int
+    total_groups: int
+    rows: int
+
+
+def index_pool(path: Path) -> PoolIndex:
+    """Stream ``group_id`` and ``reward`` row group by row group and keep the mixed-reward groups."""
+    m = read_pool_metadata(path)["sampling"]["m"]
+    parquet = pq.ParquetFile(path)
+    mixed: list[int] = []
+    row_groups_of: dict[int, tuple[int, ...]] = {}
+    total = rows = 0
+    current: list = []  # [group_id, correct, row groups] of the group being read
+
+    def close_group() -> None:
+        if current and 0 < current[1] < m:  # SPEC "Mixed-reward filtering": the same rule for every method
+            mixed.append(current[0])
+            row_groups_of[current[0]] = tuple(current[2])
+
+    for row_group in range(parquet.num_row_groups):
+        table = parquet.read_row_group(row_group, columns=["group_id", "reward"])
+        for gid, reward in zip(table.column("group_id").to_pylist(), table.column("reward").to_pylist(), strict=True):
+            if not current or gid != current[0]:
+                close_group()
+                current = [gid, 0.0, [row_group]]
+                total += 1
+            elif current[2][-1] != row_group:
+                current[2].append(row_group)
+            current[1] += reward
+        rows += table.num_rows
+    close_group()
+    return PoolIndex(np.array(mixed, dtype=np.int64), row_groups_of, m, total, rows)
+
+
+def plan_minibatches(index: PoolIndex, seed: int, updates: int, groups_per_batch: int) -> np.ndarray:
+    """``[U, G]`` group ids: a seeded permutation of the mixed groups cut into U minibatches of G groups.
+
+    The plan depends only on the pool and the seed, never on the method, so every learner trained with
+    the same seed sees the same minibatches in the same order, each exactly once.
+    """
+    needed = updates * groups_per_batch
+    available = len(index.mixed_group_ids)
+    if available < needed:
+        raise UserError(
+            f"the pool has {available} mixed-reward groups but {updates} updates x {groups_per_batch} groups "
+            f"need {needed}; lower --updates or --groups-per-batch, or generate a larger pool"
+        )
+    order = np.random.default_rng(seed).permutation(available)[:needed]
+    return index.mixed_group_ids[order].reshape(updates, groups_per_batch)
+
+
+def data_order_fingerprint(plan: np.ndarray) -> str:
+    """sha256 of the planned group-id sequence."""
+    return hashlib.sha256(np.ascontiguousarray(plan, dtype="<i8").tobytes()).hexdigest()
+
+
+def pool_fingerprint(path: Path) -> str:
+    """sha256 of the pool metadata and its row count (identifies the data, not the file bytes)."""
+    meta = read_pool_metadata(path)
+    rows = pq.ParquetFile(path).metadata.num_rows
+    return hashlib.sha256(json.dumps({"metadata": meta, "rows": rows}, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,173 @@
+"""The replay trainer: data plan, log-probs, determinism, resume, the update-0 physics check, errors."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import synthetic_rows, write_synthetic_pool
+
+from ggpo_offline.errors import UserError
+from ggpo_offline.pool.schema import METADATA_KEY
+from ggpo_offline.train.batch import MinibatchReader
+from ggpo_offline.train.config import TrainConfig, resolve_config
+from ggpo_offline.train.logprobs import response_logprobs
+from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches
+from ggpo_offline.train.trainer import train
+
+
+def _config(pool, tmp_path, **changes) -> TrainConfig:
+    base = TrainConfig(pool=pool, updates=4, groups_per_batch=2, lr=1e-4, no_tracking=True,
+                       out=tmp_path / "run", ref_refresh=2)
+    return replace(base, **changes)
+
+
+def _metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_plan_uses_each_mixed_group_once_and_depends_only_on_pool_and_seed(tmp_path):
+    rows = synthetic_rows(groups=30, m=4, seed=5)
+    path = write_synthetic_pool(tmp_path / "p.parquet", rows=rows, rows_per_group_chunk=6)  # groups straddle
+    index = index_pool(path)
+    correct = np.array([r["reward"] for r in rows]).reshape(30, 4).sum(axis=1)
+    assert index.mixed_group_ids.tolist() == [g for g in range(30) if 0 < correct[g] < 4]
+    assert all(len(index.row_groups_of[g]) >= 1 for g in index.mixed_group_ids.tolist())
+    plan = plan_minibatches(index, seed=1, updates=3, groups_per_batch=4)
+    assert plan.shape == (3, 4) and len(set(plan.ravel().tolist())) == 12
+    assert set(plan.ravel().tolist()) <= set(index.mixed_group_ids.tolist())
+    assert np.array_equal(plan, plan_minibatches(index_pool(path), seed=1, updates=3, groups_per_batch=4))
+    assert data_order_fingerprint(plan) != data_order_fingerprint(plan_minibatches(index, 2, 3, 4))
+    n = len(index.mixed_group_ids)
+    with pytest.raises(UserError, match=f"the pool has {n} mixed-reward groups but 10 updates x 4 groups need 40"):
+        plan_minibatches(index, seed=1, updates=10, groups_per_batch=4)
+
+
+def test_minibatch_rows_follow_the_plan_and_split_on_group_boundaries(tmp_path):
+    rows = synthetic_rows(groups=10, m=4, seed=5)
+    path = write_synthetic_pool(tmp_path / "p.parquet", rows=rows, rows_per_group_chunk=12)
+    index = index_pool(path)
+    batch = MinibatchReader(path, index, pad_id=0).read([7, 2, 5])
+    expected = [r for g in (7, 2, 5) for r in rows if r["group_id"] == g]
+    for i, row in enumerate(expected):
+        n = len(row["response_token_ids"])
+        assert batch.response_ids[i, :n].tolist() == row["response_token_ids"]
+        assert batch.mask[i].sum() == n and batch.rewards[i] == row["reward"]
+        torch.testing.assert_close(batch.behavior_logp[i, :n], torch.tensor(row["behavior_logprobs"]))
+    micro = batch.split(5)  # rounded down to whole groups of 4
+    assert [m.num_responses for m in micro] == [4, 4, 4] and [m.group_ids for m in micro] == [[7], [2], [5]]
+
+
+def test_response_logprobs_equal_a_per_row_forward_pass(vllm_pool, tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32).eval()
+    index = index_pool(vllm_pool)
+    batch = MinibatchReader(vllm_pool, index, pad_id=0).read(index.mixed_group_ids[:2].tolist())
+    logp, entropy = response_logprobs(model, batch, with_entropy=True)
+    for i in range(batch.num_responses):
+        P, n = int(batch.prompt_lengths[i]), int(batch.mask[i].sum())
+        ids = batch.input_ids[i : i + 1, : P + n]
+        with torch.no_grad():
+            logits = model(ids).logits[0, P - 1 : P + n - 1]
+        expected = torch.log_softmax(logits, -1).gather(-1, ids[0, P:, None])[:, 0]
+        torch.testing.assert_close(logp[i, :n].detach(), expected, atol=1e-5, rtol=0)
+        assert torch.all(logp[i, n:] == 0) and torch.all(entropy[i, :n] > 0)
+
+
+def test_update_zero_mismatch_is_exactly_zero_on_a_float32_hf_pool(hf_pool, tmp_path):
+    """Physics check: the learner at update 0 is the behavior policy, so K3 = drift = 0 and ESS = 1."""
+    result = train(_config(hf_pool, tmp_path, updates=1, method="ggpo"))
+    first = result.metrics[0]
+    assert first["update"] == 0
+    assert abs(first["mismatch/k3"]) < 1e-6 and abs(first["mismatch/drift"]) < 1e-6
+    assert first["mismatch/ess"] == pytest.approx(1.0, abs=1e-6)
+    assert first["ref/log_ratio"] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("method", ["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis"])
+def test_every_method_trains_and_changes_the_policy(vllm_pool, tmp_path, method):
+    result = train(_config(vllm_pool, tmp_path, method=method, updates=3, tis_block=2))
+    assert [m["update"] for m in result.metrics] == [0, 1, 2]
+    for record in result.metrics:
+        assert all(np.isfinite(v) for k, v in record.items())
+        assert record["mismatch/ess"] <= 1 + 1e-9 and record["mismatch/k3"] >= 0
+    assert result.metrics[0]["mismatch/drift"] != result.metrics[-1]["mismatch/drift"]
+    assert (result.final_model / "model.safetensors").is_file()
+
+
+def test_same_pool_config_and_seed_give_identical_metrics_and_methods_share_the_data_order(vllm_pool, tmp_path):
+    first = train(_config(vllm_pool, tmp_path, out=tmp_path / "a"))
+    second = train(_config(vllm_pool, tmp_path, out=tmp_path / "b"))
+    assert first.metrics == second.metrics
+    assert _metrics(first.run_dir) == _metrics(second.run_dir)
+    grpo = train(_config(vllm_pool, tmp_path, method="grpo", out=tmp_path / "c", updates=1))
+    assert grpo.data_order_fingerprint != first.data_order_fingerprint  # U differs, so does the plan length
+    grpo = train(_config(vllm_pool, tmp_path, method="grpo", out=tmp_path / "d"))
+    assert grpo.data_order_fingerprint == first.data_order_fingerprint
+    other_seed = train(_config(vllm_pool, tmp_path, seed=7, out=tmp_path / "e"))
+    assert other_seed.data_order_fingerprint != first.data_order_fingerprint
+
+
+def test_resume_reproduces_an_uninterrupted_run(vllm_pool, tmp_path):
+    config = _config(vllm_pool, tmp_path, method="grpo-tis", updates=6, save_every=2, tis_block=4,
+                     micro_batch_size=4)
+    full = train(replace(config, out=tmp_path / "full"))
+
+    def crash(update, metrics):
+        if update == 4:  # after the checkpoint at update 4 was written... one more step then dies
+            raise KeyboardInterrupt
+
+    interrupted = replace(config, out=tmp_path / "cut")
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, on_update=crash)
+    resumed = train(interrupted, resume=True)
+    assert _metrics(resumed.run_dir) == _metrics(full.run_dir)
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(full.final_model / "model.safetensors")), load_file(str(resumed.final_model / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_training_errors_are_one_clear_line(vllm_pool, tmp_path):
+    with pytest.raises(UserError, match="unknown method 'ppo'"):
+        resolve_config(None, None, method="ppo")
+    config = _config(vllm_pool, tmp_path, updates=1)
+    train(config)
+    with pytest.raises(UserError, match="already exists; pass --resume to continue it or --overwrite"):
+        train(config)
+    train(config, overwrite=True)
+    with pytest.raises(UserError, match="updates x 2 groups need"):
+        train(replace(config, updates=10_000, out=tmp_path / "big"))
+
+    table = pq.read_table(vllm_pool)
+    meta = json.loads(table.schema.metadata[METADATA_KEY])
+    meta["tokenizer"]["sha256"] = "0" * 64
+    other = tmp_path / "other-tokenizer.parquet"
+    pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta)}), other)
+    with pytest.raises(UserError, match="different tokenizer.*--allow-tokenizer-mismatch"):
+        train(replace(config, pool=other, out=tmp_path / "tok"))
+    train(replace(config, pool=other, out=tmp_path / "tok", allow_tokenizer_mismatch=True))
+
+    broken = write_synthetic_pool(tmp_path / "broken.parquet", rows=synthetic_rows(3, 4)[:-1], m=4)
+    with pytest.raises(UserError, match="group 2 has 3 rows"):
+        train(replace(config, pool=broken, out=tmp_path / "broken"))
+
+
+def test_non_finite_loss_stops_before_a_checkpoint(vllm_pool, tmp_path, monkeypatch):
+    from ggpo_offline import losses
+    from ggpo_offline.train import trainer as trainer_module
+
+    real = losses.LOSSES["ggpo"]
+
+    def poisoned(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return losses.LossOutput(out.loss * float("nan"), out.stats)
+
+    monkeypatch.setitem(trainer_module.LOSSES, "ggpo", poisoned)
+    config = _config(vllm_pool, tmp_path, save_every=1)
+    with pytest.raises(UserError, match="non-finite loss or gradient at update 0"):
+        train(config)
+    assert not (config.run_dir / "checkpoints").exists()
