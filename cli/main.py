@@ -4,8 +4,8 @@ import sys
 from pathlib import Path
 
 import typer
-
 from ggpo_cli import render
+
 from ggpo_offline.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Offline fixed-pool RLVR experiments.")
@@ -15,13 +15,21 @@ app.add_typer(pool_app, name="pool")
 
 @app.command("generate-pool")
 def generate_pool(
-    model: str = typer.Option(None, help="Local Hugging Face model folder [default: the embedded tiny model]."),
-    dataset: str = typer.Option("arith:train", help="arith[:train|test], a .jsonl/.json/.parquet file, or hf:NAME[:SPLIT]."),
+    model: str = typer.Option(
+        None, help="Local Hugging Face model folder [default: the embedded tiny model]."
+    ),
+    dataset: str = typer.Option(
+        "arith:train", help="arith[:train|test], a .jsonl/.json/.parquet file, or hf:NAME[:SPLIT]."
+    ),
     problem_key: str = typer.Option(None, help="Problem column [default: problem, question or prompt]."),
     answer_key: str = typer.Option(None, help="Gold answer column [default: answer]."),
-    solution_key: str = typer.Option(None, help="Solution column whose last \\boxed{} is the gold when there is no answer column."),
-    num_prompts: int = typer.Option(None, help="Number of prompts [default: arith 6000, files all rows]."),
-    samples_per_prompt: int = typer.Option(8, "--samples-per-prompt", "-m", help="Responses per prompt (group size m)."),
+    solution_key: str = typer.Option(
+        None, help="Solution column whose last \\boxed{} is the gold when there is no answer column."
+    ),
+    num_prompts: int = typer.Option(None, help="Number of prompts [default: arith 4000, files all rows]."),
+    samples_per_prompt: int = typer.Option(
+        8, "--samples-per-prompt", "-m", help="Responses per prompt (group size m)."
+    ),
     temperature: float = typer.Option(1.0, help="Sampling temperature."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling threshold (1.0 = off)."),
     top_k: int = typer.Option(0, help="Top-k sampling (0 = off)."),
@@ -43,9 +51,20 @@ def generate_pool(
 
     sampling = SamplingSettings(samples_per_prompt, temperature, top_p, top_k, max_tokens, seed)
     config = GenerateConfig(
-        model=model, dataset=dataset, problem_key=problem_key, answer_key=answer_key, solution_key=solution_key,
-        num_prompts=num_prompts, sampling=sampling, engine=engine, dtype=dtype, template=template,
-        mixed_only=mixed_only, out=out, overwrite=overwrite, reward_workers=reward_workers,
+        model=model,
+        dataset=dataset,
+        problem_key=problem_key,
+        answer_key=answer_key,
+        solution_key=solution_key,
+        num_prompts=num_prompts,
+        sampling=sampling,
+        engine=engine,
+        dtype=dtype,
+        template=template,
+        mixed_only=mixed_only,
+        out=out,
+        overwrite=overwrite,
+        reward_workers=reward_workers,
     )
     with render.GenerationProgress() as progress:
         path = run(config, on_batch=progress.update)
@@ -90,9 +109,13 @@ def train(
     save_every: int = typer.Option(None, help="Checkpoint every N updates (and at the end)."),
     threads: int = typer.Option(None, help="CPU threads for torch."),
     out: Path = typer.Option(None, help="Run folder [default: runs/<pool>/<method>-s<seed>]."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its last checkpoint."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --out from its last checkpoint."
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run folder."),
-    tracking_uri: str = typer.Option(None, help="MLflow store [default: $MLFLOW_TRACKING_URI or sqlite:///mlruns.db]."),
+    tracking_uri: str = typer.Option(
+        None, help="MLflow store [default: $MLFLOW_TRACKING_URI or sqlite:///mlruns.db]."
+    ),
     experiment: str = typer.Option(None, help="MLflow experiment [default: the pool's name]."),
     no_tracking: bool = typer.Option(None, "--no-tracking", help="Train without MLflow."),
     allow_tokenizer_mismatch: bool = typer.Option(
@@ -104,11 +127,28 @@ def train(
     from ggpo_offline.train.trainer import train as run
 
     resolved = resolve_config(
-        preset, config, pool=pool, method=method, model=model, seed=seed, updates=updates,
-        groups_per_batch=groups_per_batch, lr=lr, beta=beta, ref_refresh=_ref_refresh(ref_refresh),
-        tis_block=tis_block, micro_batch_size=micro_batch_size, log_every=log_every, ess_block=ess_block,
-        save_every=save_every, threads=threads, out=out, tracking_uri=tracking_uri, experiment=experiment,
-        no_tracking=no_tracking, allow_tokenizer_mismatch=allow_tokenizer_mismatch,
+        preset,
+        config,
+        pool=pool,
+        method=method,
+        model=model,
+        seed=seed,
+        updates=updates,
+        groups_per_batch=groups_per_batch,
+        lr=lr,
+        beta=beta,
+        ref_refresh=_ref_refresh(ref_refresh),
+        tis_block=tis_block,
+        micro_batch_size=micro_batch_size,
+        log_every=log_every,
+        ess_block=ess_block,
+        save_every=save_every,
+        threads=threads,
+        out=out,
+        tracking_uri=tracking_uri,
+        experiment=experiment,
+        no_tracking=no_tracking,
+        allow_tokenizer_mismatch=allow_tokenizer_mismatch,
     )
     render.print_config(resolved)
     with render.TrainingProgress(resolved.updates) as progress:
@@ -138,7 +178,9 @@ def build_tiny_model(
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"{out} exists and is not empty; pass --overwrite to write into it")
     stats = build(out, seed=seed, steps=steps)
-    print(f"wrote {out}: " + ", ".join(f"{k}={v}" for k, v in stats.items() if not isinstance(v, (list, dict))))
+    print(
+        f"wrote {out}: " + ", ".join(f"{k}={v}" for k, v in stats.items() if not isinstance(v, (list, dict)))
+    )
 
 
 def main() -> None:

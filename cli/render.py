@@ -6,40 +6,52 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(stderr=True)
+console = Console(stderr=True)  # progress bars
+stdout = Console(soft_wrap=True)  # results; long paths stay on one line
 
 
-class GenerationProgress:
-    """A progress bar over prompts, with responses/s and the mean reward so far.
+class _LazyProgress:
+    """A rich progress bar that appears with the first report, so that input errors found before any
+    work print as one clean line."""
 
-    It appears with the first finished batch, so input errors found earlier print as one clean line.
-    """
+    label = ""
 
-    def __enter__(self) -> "GenerationProgress":
+    def __enter__(self):
         self._bar = None
         return self
 
-    def _start(self) -> None:
-        self._bar = Progress(
-            TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TextColumn("prompts"),
-            TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[reward]}"), TimeElapsedColumn(),
-            console=console,
-        )
-        self._bar.__enter__()
-        self._task = self._bar.add_task("generate", total=None, rate="", reward="")
-
-    def update(self, progress) -> None:
+    def _report(self, completed: int, total: int | None, **fields) -> None:
         if self._bar is None:
-            self._start()
-        rate = progress.responses / max(progress.elapsed_s, 1e-9)
-        self._bar.update(
-            self._task, completed=progress.prompts_done, total=progress.prompts_total,
-            rate=f"{rate:.0f} responses/s", reward=f"reward {progress.mean_reward:.3f}",
-        )
+            self._bar = Progress(
+                TextColumn(self.label),
+                BarColumn(),
+                MofNCompleteColumn(),
+                *[TextColumn(f"{{task.fields[{name}]}}") for name in fields],
+                TimeElapsedColumn(),
+                console=console,
+            )
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.label, total=total, **fields)
+        self._bar.update(self._task, completed=completed, total=total, **fields)
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
             self._bar.__exit__(*exc)
+
+
+class GenerationProgress(_LazyProgress):
+    """Prompts done, responses/s and the mean reward so far."""
+
+    label = "generating"
+
+    def update(self, progress) -> None:
+        rate = progress.responses / max(progress.elapsed_s, 1e-9)
+        self._report(
+            progress.prompts_done,
+            progress.prompts_total,
+            rate=f"prompts  {rate:.0f} responses/s",
+            reward=f"reward {progress.mean_reward:.3f}",
+        )
 
 
 def print_summary(summary: dict, with_metadata: bool = False) -> None:
@@ -49,27 +61,42 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
     sampling = meta.get("sampling", {})
     rows = [
         ("model", meta.get("model", {}).get("name")),
-        ("engine", f"{meta.get('engine', {}).get('name')} {meta.get('engine', {}).get('version')} ({meta.get('dtype')})"),
+        (
+            "engine",
+            "{name} {version}".format(**meta.get("engine", {})) + f" ({meta.get('dtype')})",
+        ),
         ("dataset", meta.get("dataset", {}).get("spec")),
-        ("sampling", ", ".join(f"{k}={sampling.get(k)}" for k in ("m", "temperature", "top_p", "top_k", "max_tokens", "seed"))),
+        (
+            "sampling",
+            ", ".join(
+                f"{k}={sampling.get(k)}" for k in ("m", "temperature", "top_p", "top_k", "max_tokens", "seed")
+            ),
+        ),
         ("groups", f"{summary['groups']:,}"),
         ("responses", f"{summary['responses']:,}"),
         ("mean reward", f"{summary['mean_reward']:.4f}"),
         ("mixed groups", f"{summary['mixed_groups']:,} ({summary['mixed_frac']:.1%})"),
-        ("all-wrong / all-right groups", f"{summary['all_wrong_groups']:,} / {summary['all_right_groups']:,}"),
+        (
+            "all-wrong / all-right groups",
+            f"{summary['all_wrong_groups']:,} / {summary['all_right_groups']:,}",
+        ),
         ("response tokens", f"{summary['tokens']:,} (mean length {summary['mean_length']:.1f})"),
-        ("length p10 / p50 / p90 / p99 / max",
-         f"{summary['p10']} / {summary['p50']} / {summary['p90']} / {summary['p99']} / {summary['max_length']}"),
+        (
+            "length p10 / p50 / p90 / p99 / max",
+            " / ".join(str(summary[k]) for k in ("p10", "p50", "p90", "p99", "max_length")),
+        ),
         ("truncated (finish_reason=length)", f"{summary['truncated_frac']:.2%}"),
     ]
     if "generation_seconds" in meta:
         seconds = meta["generation_seconds"]
-        rows.append(("generation time", f"{seconds:.0f} s ({summary['tokens'] / max(seconds, 1e-9):,.0f} tokens/s)"))
+        rows.append(
+            ("generation time", f"{seconds:.0f} s ({summary['tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")
+        )
     for key, value in rows:
         table.add_row(key, str(value))
-    Console().print(table)
+    stdout.print(table)
     if with_metadata:
-        Console().print_json(json.dumps(meta))
+        stdout.print_json(json.dumps(meta))
 
 
 def print_config(config) -> None:
@@ -78,34 +105,26 @@ def print_config(config) -> None:
     for key, value in config.to_dict().items():
         table.add_row(key, str(value))
     table.add_row("run folder", str(config.run_dir))
-    console.print(table)
+    stdout.print(table)
 
 
-class TrainingProgress:
-    """A progress bar over updates with loss, reward and drift."""
+class TrainingProgress(_LazyProgress):
+    """Updates done with loss, reward and drift."""
+
+    label = "training"
 
     def __init__(self, updates: int):
         self.updates = updates
 
-    def __enter__(self) -> "TrainingProgress":
-        self._bar = Progress(
-            TextColumn("training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), console=console,
-        )
-        self._bar.__enter__()
-        self._task = self._bar.add_task("train", total=self.updates, info="")
-        return self
-
     def update(self, update: int, metrics: dict) -> None:
-        info = (f"loss {metrics['loss']:+.4f}  reward {metrics['train/reward']:.3f}  "
-                f"drift {metrics['mismatch/drift']:.4f}")
-        self._bar.update(self._task, completed=update + 1, info=info)
-
-    def __exit__(self, *exc) -> None:
-        self._bar.__exit__(*exc)
+        info = (
+            f"updates  loss {metrics['loss']:+.4f}  reward {metrics['train/reward']:.3f}  "
+            f"drift {metrics['mismatch/drift']:.4f}"
+        )
+        self._report(update + 1, self.updates, info=info)
 
 
 def print_training_result(result) -> None:
-    console.print(f"final model: {result.final_model}")
-    console.print(f"metrics: {result.run_dir / 'metrics.jsonl'}; MLflow run: {result.run_id}")
-    console.print(f"data-order fingerprint: {result.data_order_fingerprint}")
+    stdout.print(f"final model: {result.final_model}")
+    stdout.print(f"metrics: {result.run_dir / 'metrics.jsonl'}; MLflow run: {result.run_id}")
+    stdout.print(f"data-order fingerprint: {result.data_order_fingerprint}")

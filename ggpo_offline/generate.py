@@ -14,11 +14,17 @@ from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_s
 from ggpo_offline.pool.schema import SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter, check_output_path
 from ggpo_offline.problems import Problem
-from ggpo_offline.prompts import Template, encode_prompt, format_prompt, resolve_template, template_description
+from ggpo_offline.prompts import (
+    Template,
+    encode_prompt,
+    format_prompt,
+    resolve_template,
+    template_description,
+)
 from ggpo_offline.rewards import EXTRACTION_RULE, EXTRACTION_RULE_DESCRIPTION, RewardResult, RewardScorer
 
 DEFAULT_POOL = Path("pools/base.parquet")
-DEFAULT_ARITH_PROMPTS = 6000
+DEFAULT_ARITH_PROMPTS = 4000
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class GenerateConfig:
     answer_key: str | None = None
     solution_key: str | None = None
     num_prompts: int | None = None
-    """How many prompts (files: the first N rows; arith: N drawn problems, default 6000). None = all."""
+    """How many prompts (files: the first N rows; arith: N drawn problems, default 4000). None = all."""
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     engine: str = "vllm"
     dtype: str = "auto"
@@ -124,7 +130,9 @@ def _max_positions(model_dir: Path) -> int:
     return int(getattr(AutoConfig.from_pretrained(str(model_dir)), "max_position_embeddings", 4096))
 
 
-def _rows(batch: _Batch, results: list[RewardResult], m: int, mixed_only: bool, progress: Progress) -> list[dict]:
+def _rows(
+    batch: _Batch, results: list[RewardResult], m: int, mixed_only: bool, progress: Progress
+) -> list[dict]:
     """Pool rows of one batch, whole groups only (contiguous), dropping all-equal groups if asked."""
     rows = []
     for offset, problem in enumerate(batch.problems):
@@ -187,7 +195,9 @@ def generate_pool(
     max_positions = _max_positions(model_dir)
     prompt_limit = max_positions - sampling.max_tokens
     if prompt_limit < 1:
-        raise UserError(f"--max-tokens {sampling.max_tokens} leaves no room for a prompt (model: {max_positions})")
+        raise UserError(
+            f"--max-tokens {sampling.max_tokens} leaves no room for a prompt (model: {max_positions})"
+        )
     keep = [i for i, ids in enumerate(prompt_ids) if len(ids) <= prompt_limit]
     skipped_long = len(problems) - len(keep)
     if not keep:
@@ -199,24 +209,36 @@ def generate_pool(
         engine = load_engine(config.engine, model_dir, config.dtype, max_model_len, sampling.seed)
     progress = Progress(prompts_total=len(keep))
     try:
-        with RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer, PoolWriter(
-            out, config.overwrite
-        ) as writer:
+        with (
+            RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer,
+            PoolWriter(out, config.overwrite) as writer,
+        ):
             pending: _Batch | None = None
             for start in range(0, len(keep), config.batch_prompts):
                 chunk = keep[start : start + config.batch_prompts]
                 batch_problems = [problems[i] for i in chunk]
                 samples = engine.generate(
-                    [prompt_ids[i] for i in chunk], [prompt_seed(sampling.seed, p.prompt_id) for p in batch_problems],
+                    [prompt_ids[i] for i in chunk],
+                    [prompt_seed(sampling.seed, p.prompt_id) for p in batch_problems],
                     sampling,
                 )
                 responses = [
-                    [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in group] for group in samples
+                    [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in group]
+                    for group in samples
                 ]
-                pairs = [(text, p.answer) for p, group in zip(batch_problems, responses, strict=True) for text in group]
+                pairs = [
+                    (text, p.answer)
+                    for p, group in zip(batch_problems, responses, strict=True)
+                    for text in group
+                ]
                 batch = _Batch(
-                    chunk[0], batch_problems, [prompts[i] for i in chunk], [prompt_ids[i] for i in chunk],
-                    samples, responses, scorer.submit(pairs),
+                    chunk[0],
+                    batch_problems,
+                    [prompts[i] for i in chunk],
+                    [prompt_ids[i] for i in chunk],
+                    samples,
+                    responses,
+                    scorer.submit(pairs),
                 )
                 # Rewards of this batch are computed by the workers while the engine samples the next one.
                 if pending is not None:
@@ -224,10 +246,14 @@ def generate_pool(
                 pending = batch
             if pending is not None:
                 _finish_batch(pending, writer, sampling.m, config.mixed_only, progress, on_batch)
-            metadata = _metadata(config, model_dir, tokenizer, engine, template, dataset_meta, progress, skipped_long)
+            metadata = _metadata(
+                config, model_dir, tokenizer, engine, template, dataset_meta, progress, skipped_long
+            )
             metadata["reward"].update(timeouts=scorer.timeouts, errors=scorer.errors)
             if progress.responses == 0:
-                raise UserError("no group was kept (--mixed-only and no prompt had a mixed group); nothing written")
+                raise UserError(
+                    "no group was kept (--mixed-only and no prompt had a mixed group); nothing written"
+                )
             return writer.close(metadata)
     finally:
         if owns_engine:
@@ -257,8 +283,11 @@ def _metadata(config, model_dir, tokenizer, engine, template, dataset_meta, prog
         "tokenizer": {"sha256": tokenizer_sha256(tokenizer), "class": type(tokenizer).__name__},
         "engine": {"name": described["name"], "version": described["version"]},
         "dtype": described["dtype"],
-        "sampling": {**config.sampling.as_dict(), "logprobs_mode": described["logprobs_mode"],
-                     "seed_derivation": "per prompt: sha256('{seed}:{prompt_id}'), engine adds the sample index"},
+        "sampling": {
+            **config.sampling.as_dict(),
+            "logprobs_mode": described["logprobs_mode"],
+            "seed_derivation": "per prompt: sha256('{seed}:{prompt_id}'), engine adds the sample index",
+        },
         "dataset": dataset_meta,
         "prompt_template": template_description(template),
         "reward": {

@@ -10,7 +10,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
-    """The model folder: the embedded tiny model by default, else a local folder or an already-cached hub name."""
+    """The model folder: the embedded tiny model by default, else a local folder or a cached hub name."""
     if model is None:
         from ggpo_offline.tiny import tiny_model_dir
 
@@ -30,7 +30,9 @@ def resolve_model_dir(model: str | Path | None) -> Path:
 
         return Path(snapshot_download(str(model), local_files_only=True))
     except Exception:
-        raise UserError(f"--model {model}: no such model folder (and not in the local Hugging Face cache)") from None
+        raise UserError(
+            f"--model {model}: no such model folder (and not in the local Hugging Face cache)"
+        ) from None
 
 
 def weights_sha256(model_dir: Path) -> str:

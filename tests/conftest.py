@@ -52,8 +52,14 @@ def synthetic_metadata(m: int) -> dict:
     return {"schema_version": SCHEMA_VERSION, "sampling": {"m": m}, "model": {"name": "synthetic"}}
 
 
-def write_synthetic_pool(path: Path, groups: int = 6, m: int = 4, rows: list[dict] | None = None,
-                         metadata: dict | None = None, rows_per_group_chunk: int | None = None) -> Path:
+def write_synthetic_pool(
+    path: Path,
+    groups: int = 6,
+    m: int = 4,
+    rows: list[dict] | None = None,
+    metadata: dict | None = None,
+    rows_per_group_chunk: int | None = None,
+) -> Path:
     """Write a pool through the real writer, optionally in several row groups."""
     rows = synthetic_rows(groups, m) if rows is None else rows
     chunk = rows_per_group_chunk or len(rows)
@@ -88,8 +94,13 @@ def vllm_pool(tmp_path_factory, vllm_engine) -> Path:
     from ggpo_offline.generate import GenerateConfig, generate_pool
 
     out = tmp_path_factory.mktemp("vllm") / "pool.parquet"
-    config = GenerateConfig(num_prompts=40, sampling=SamplingSettings(m=8, max_tokens=64, seed=7), out=out,
-                            reward_workers=2, batch_prompts=16)
+    config = GenerateConfig(
+        num_prompts=40,
+        sampling=SamplingSettings(m=8, max_tokens=64, seed=7),
+        out=out,
+        reward_workers=2,
+        batch_prompts=16,
+    )
     return generate_pool(config, engine=vllm_engine)
 
 
@@ -103,6 +114,12 @@ def hf_pool(tmp_path_factory) -> Path:
     from ggpo_offline.generate import GenerateConfig, generate_pool
 
     out = tmp_path_factory.mktemp("hf") / "pool.parquet"
-    config = GenerateConfig(num_prompts=16, sampling=SamplingSettings(m=4, max_tokens=64, seed=3), engine="hf",
-                            dtype="float32", out=out, reward_workers=0)
+    config = GenerateConfig(
+        num_prompts=16,
+        sampling=SamplingSettings(m=4, max_tokens=64, seed=3),
+        engine="hf",
+        dtype="float32",
+        out=out,
+        reward_workers=0,
+    )
     return generate_pool(config)

@@ -33,14 +33,32 @@ def test_help_does_not_import_vllm_or_torch():
 
 def test_generate_pool_with_the_hf_engine_end_to_end(tmp_path):
     out = tmp_path / "hf.parquet"
-    result = ggpo("generate-pool", "--engine", "hf", "--num-prompts", "6", "-m", "4", "--max-tokens", "48",
-                  "--seed", "3", "--out", str(out), "--reward-workers", "1")
+    result = ggpo(
+        "generate-pool",
+        "--engine",
+        "hf",
+        "--num-prompts",
+        "6",
+        "-m",
+        "4",
+        "--max-tokens",
+        "48",
+        "--seed",
+        "3",
+        "--out",
+        str(out),
+        "--reward-workers",
+        "1",
+    )
     assert result.returncode == 0, result.stderr
     assert "mixed groups" in result.stdout and "mean reward" in result.stdout
     validated = ggpo("pool", "validate", str(out))
     assert validated.returncode == 0
-    assert validated.stdout.strip() == f"{out}: valid pool, 6 groups x 4 = 24 responses, " + \
-        validated.stdout.strip().split("responses, ")[1]
+    assert (
+        validated.stdout.strip()
+        == f"{out}: valid pool, 6 groups x 4 = 24 responses, "
+        + validated.stdout.strip().split("responses, ")[1]
+    )
     inspected = ggpo("pool", "inspect", str(out))
     assert inspected.returncode == 0 and '"engine"' in inspected.stdout and "hf" in inspected.stdout
 
@@ -56,8 +74,17 @@ def test_dataset_with_missing_columns(tmp_path):
     data.write_text(json.dumps({"text": "What is 1 + 1?", "gold": "2"}) + "\n")
     result = ggpo("generate-pool", "--dataset", str(data), "--out", str(tmp_path / "p.parquet"))
     assert_one_error_line(result, "column")
-    result = ggpo("generate-pool", "--dataset", str(data), "--problem-key", "text", "--answer-key", "answer",
-                  "--out", str(tmp_path / "p.parquet"))
+    result = ggpo(
+        "generate-pool",
+        "--dataset",
+        str(data),
+        "--problem-key",
+        "text",
+        "--answer-key",
+        "answer",
+        "--out",
+        str(tmp_path / "p.parquet"),
+    )
     assert_one_error_line(result, "'answer'")
     assert not (tmp_path / "p.parquet").exists()
 
@@ -97,3 +124,24 @@ def test_bad_flag_values_are_one_line(tmp_path):
 @pytest.mark.parametrize("what", ["validate", "inspect"])
 def test_pool_commands_on_a_missing_file(tmp_path, what):
     assert_one_error_line(ggpo("pool", what, str(tmp_path / "missing.parquet")), "no such pool file")
+
+
+def test_train_command_end_to_end_with_mlflow(vllm_pool, tmp_path):
+    from ggpo_offline.tracking import read_metric_series
+
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    out = tmp_path / "run"
+    args = ["train", "--pool", str(vllm_pool), "--method", "grpo", "--updates", "2", "--groups-per-batch", "2",
+            "--out", str(out), "--tracking-uri", uri, "--lr", "1e-4"]
+    result = ggpo(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "resolved config" in result.stdout and "final model" in result.stdout
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    run_id = result.stdout.split("MLflow run: ")[1].split()[0]
+    series = read_metric_series(uri, run_id)
+    assert [value for _, value in series["mismatch/drift"]] == [r["mismatch/drift"] for r in records]
+    assert_one_error_line(ggpo(*args, cwd=tmp_path), "already exists; pass --resume")
+    assert_one_error_line(ggpo("train", "--pool", str(vllm_pool), "--method", "ppo", cwd=tmp_path),
+                          "unknown method 'ppo'")
+    assert_one_error_line(ggpo("train", "--pool", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "x"),
+                               "--no-tracking", cwd=tmp_path), "no such pool file")

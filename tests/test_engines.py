@@ -30,7 +30,9 @@ def test_prompt_seed_is_stable_and_depends_on_seed_and_prompt():
 
 def _prompts(tiny_dir, questions):
     tokenizer = load_tokenizer(tiny_dir)
-    return tokenizer, [encode_prompt(tokenizer, format_prompt(tokenizer, q, "plain"), "plain") for q in questions]
+    return tokenizer, [
+        encode_prompt(tokenizer, format_prompt(tokenizer, q, "plain"), "plain") for q in questions
+    ]
 
 
 def _forward_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
@@ -92,7 +94,9 @@ def test_vllm_pool_is_valid_and_readable_without_this_package(vllm_pool, tiny_di
     assert meta["counts"]["responses"] == 320 and meta["counts"]["groups"] == 40
     assert meta["counts"]["mean_reward"] == pytest.approx(frame["reward"].mean(), abs=1e-6)
     eos = eos_token_ids(tiny_dir)
-    for tokens, reason in zip(frame["response_token_ids"].to_list(), frame["finish_reason"].to_list(), strict=True):
+    for tokens, reason in zip(
+        frame["response_token_ids"].to_list(), frame["finish_reason"].to_list(), strict=True
+    ):
         if reason == "stop":
             assert tokens[-1] in eos and not set(tokens[:-1]) & eos
         else:
@@ -131,13 +135,23 @@ def test_vllm_logprobs_track_a_float32_forward_pass(vllm_pool, tiny_dir):
 def test_vllm_same_seed_same_pool(vllm_pool, vllm_engine, tmp_path):
     from ggpo_offline.generate import GenerateConfig, generate_pool
 
-    config = GenerateConfig(num_prompts=40, sampling=SamplingSettings(m=8, max_tokens=64, seed=7),
-                            out=tmp_path / "again.parquet", reward_workers=0, batch_prompts=16)
+    config = GenerateConfig(
+        num_prompts=40,
+        sampling=SamplingSettings(m=8, max_tokens=64, seed=7),
+        out=tmp_path / "again.parquet",
+        reward_workers=0,
+        batch_prompts=16,
+    )
     again = generate_pool(config, engine=vllm_engine)
     assert pq.read_table(again).equals(pq.read_table(vllm_pool))
     other = generate_pool(
-        GenerateConfig(num_prompts=40, sampling=SamplingSettings(m=8, max_tokens=64, seed=8),
-                       out=tmp_path / "other.parquet", reward_workers=0, batch_prompts=16),
+        GenerateConfig(
+            num_prompts=40,
+            sampling=SamplingSettings(m=8, max_tokens=64, seed=8),
+            out=tmp_path / "other.parquet",
+            reward_workers=0,
+            batch_prompts=16,
+        ),
         engine=vllm_engine,
     )
     assert not pq.read_table(other).equals(pq.read_table(vllm_pool))

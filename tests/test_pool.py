@@ -69,20 +69,32 @@ def _mutated(tmp_path, mutate, m=4):
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda rows: rows[5].update(behavior_logprobs=rows[5]["behavior_logprobs"] + [-0.1]),
-         r"row 5, column 'behavior_logprobs': has \d+ values for \d+ response tokens"),
-        (lambda rows: rows[6]["behavior_logprobs"].__setitem__(0, float("nan")),
-         r"row 6, column 'behavior_logprobs': holds nan"),
-        (lambda rows: rows[2]["behavior_logprobs"].__setitem__(-1, 0.5),
-         r"row 2, column 'behavior_logprobs': holds 0.5"),
-        (lambda rows: rows[3]["behavior_logprobs"].__setitem__(0, float("-inf")),
-         r"row 3, column 'behavior_logprobs': holds -inf"),
+        (
+            lambda rows: rows[5].update(behavior_logprobs=rows[5]["behavior_logprobs"] + [-0.1]),
+            r"row 5, column 'behavior_logprobs': has \d+ values for \d+ response tokens",
+        ),
+        (
+            lambda rows: rows[6]["behavior_logprobs"].__setitem__(0, float("nan")),
+            r"row 6, column 'behavior_logprobs': holds nan",
+        ),
+        (
+            lambda rows: rows[2]["behavior_logprobs"].__setitem__(-1, 0.5),
+            r"row 2, column 'behavior_logprobs': holds 0.5",
+        ),
+        (
+            lambda rows: rows[3]["behavior_logprobs"].__setitem__(0, float("-inf")),
+            r"row 3, column 'behavior_logprobs': holds -inf",
+        ),
         (lambda rows: rows[9].update(reward=2.0), r"row 9, column 'reward': is 2.0, expected 0 or 1"),
         (lambda rows: rows[4].update(finish_reason="abort"), r"row 4, column 'finish_reason'"),
-        (lambda rows: rows[7].update(response_token_ids=[], behavior_logprobs=[]),
-         r"row 7, column 'response_token_ids': is empty"),
-        (lambda rows: rows.__setitem__(slice(8, 12), [dict(r) for r in rows[0:4]]),
-         r"row 8, column 'group_id': group 0 appears again"),
+        (
+            lambda rows: rows[7].update(response_token_ids=[], behavior_logprobs=[]),
+            r"row 7, column 'response_token_ids': is empty",
+        ),
+        (
+            lambda rows: rows.__setitem__(slice(8, 12), [dict(r) for r in rows[0:4]]),
+            r"row 8, column 'group_id': group 0 appears again",
+        ),
         (lambda rows: rows.pop(7), r"row 6, column 'group_id': group 1 has 3 rows, expected m = 4"),
         (lambda rows: rows[1].update(sample_idx=3), r"row 1, column 'sample_idx': is 3, expected 1"),
         (lambda rows: rows[2].update(prompt_id="other"), r"row 2, column 'prompt_id': prompt_id changes"),
@@ -107,8 +119,9 @@ def test_validate_schema_and_metadata_problems(tmp_path):
     meta = synthetic_metadata(4)
     with pytest.raises(PoolInvalid, match="column 'reward' is missing"):
         validate_pool(_rewrite(tmp_path, table.drop_columns(["reward"]), meta))
-    retyped = table.set_column(table.schema.get_field_index("reward"), "reward",
-                               table.column("reward").cast(pa.float64()))
+    retyped = table.set_column(
+        table.schema.get_field_index("reward"), "reward", table.column("reward").cast(pa.float64())
+    )
     with pytest.raises(PoolInvalid, match="column 'reward' has type double, expected float"):
         validate_pool(_rewrite(tmp_path, retyped, meta))
     with pytest.raises(UserError, match="no 'ggpo_offline' metadata"):

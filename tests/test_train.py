@@ -1,5 +1,6 @@
 """The replay trainer: data plan, log-probs, determinism, resume, the update-0 physics check, errors."""
 
+import functools
 import json
 from dataclasses import replace
 
@@ -19,8 +20,15 @@ from ggpo_offline.train.trainer import train
 
 
 def _config(pool, tmp_path, **changes) -> TrainConfig:
-    base = TrainConfig(pool=pool, updates=4, groups_per_batch=2, lr=1e-4, no_tracking=True,
-                       out=tmp_path / "run", ref_refresh=2)
+    base = TrainConfig(
+        pool=pool,
+        updates=4,
+        groups_per_batch=2,
+        lr=1e-4,
+        no_tracking=True,
+        out=tmp_path / "run",
+        ref_refresh=2,
+    )
     return replace(base, **changes)
 
 
@@ -41,7 +49,9 @@ def test_plan_uses_each_mixed_group_once_and_depends_only_on_pool_and_seed(tmp_p
     assert np.array_equal(plan, plan_minibatches(index_pool(path), seed=1, updates=3, groups_per_batch=4))
     assert data_order_fingerprint(plan) != data_order_fingerprint(plan_minibatches(index, 2, 3, 4))
     n = len(index.mixed_group_ids)
-    with pytest.raises(UserError, match=f"the pool has {n} mixed-reward groups but 10 updates x 4 groups need 40"):
+    with pytest.raises(
+        UserError, match=f"the pool has {n} mixed-reward groups but 10 updates x 4 groups need 40"
+    ):
         plan_minibatches(index, seed=1, updates=10, groups_per_batch=4)
 
 
@@ -58,7 +68,9 @@ def test_minibatch_rows_follow_the_plan_and_split_on_group_boundaries(tmp_path):
         assert batch.mask[i].sum() == n and batch.rewards[i] == row["reward"]
         torch.testing.assert_close(batch.behavior_logp[i, :n], torch.tensor(row["behavior_logprobs"]))
     micro = batch.split(5)  # rounded down to whole groups of 4
-    assert [m.num_responses for m in micro] == [4, 4, 4] and [m.group_ids for m in micro] == [[g] for g in chosen]
+    assert [m.num_responses for m in micro] == [4, 4, 4] and [m.group_ids for m in micro] == [
+        [g] for g in chosen
+    ]
 
 
 def test_response_logprobs_equal_a_per_row_forward_pass(vllm_pool, tiny_dir):
@@ -99,7 +111,9 @@ def test_every_method_trains_and_changes_the_policy(vllm_pool, tmp_path, method)
     assert (result.final_model / "model.safetensors").is_file()
 
 
-def test_same_pool_config_and_seed_give_identical_metrics_and_methods_share_the_data_order(vllm_pool, tmp_path):
+def test_same_pool_config_and_seed_give_identical_metrics_and_methods_share_the_data_order(
+    vllm_pool, tmp_path
+):
     first = train(_config(vllm_pool, tmp_path, out=tmp_path / "a"))
     second = train(_config(vllm_pool, tmp_path, out=tmp_path / "b"))
     assert first.metrics == second.metrics
@@ -113,8 +127,9 @@ def test_same_pool_config_and_seed_give_identical_metrics_and_methods_share_the_
 
 
 def test_resume_reproduces_an_uninterrupted_run(vllm_pool, tmp_path):
-    config = _config(vllm_pool, tmp_path, method="grpo-tis", updates=6, save_every=2, tis_block=4,
-                     micro_batch_size=4)
+    config = _config(
+        vllm_pool, tmp_path, method="grpo-tis", updates=6, save_every=2, tis_block=4, micro_batch_size=4
+    )
     full = train(replace(config, out=tmp_path / "full"))
 
     def crash(update, metrics):
@@ -128,7 +143,10 @@ def test_resume_reproduces_an_uninterrupted_run(vllm_pool, tmp_path):
     assert _metrics(resumed.run_dir) == _metrics(full.run_dir)
     from safetensors.torch import load_file
 
-    a, b = load_file(str(full.final_model / "model.safetensors")), load_file(str(resumed.final_model / "model.safetensors"))
+    a, b = (
+        load_file(str(full.final_model / "model.safetensors")),
+        load_file(str(resumed.final_model / "model.safetensors")),
+    )
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -163,6 +181,7 @@ def test_non_finite_loss_stops_before_a_checkpoint(vllm_pool, tmp_path, monkeypa
 
     real = losses.LOSSES["ggpo"]
 
+    @functools.wraps(real)  # keeps the signature the trainer reads its inputs from
     def poisoned(*args, **kwargs):
         out = real(*args, **kwargs)
         return losses.LossOutput(out.loss * float("nan"), out.stats)

@@ -29,7 +29,12 @@ class HfEngine:
 
     def describe(self) -> dict:
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-        return {"name": "hf", "version": version("transformers"), "dtype": dtype, "logprobs_mode": LOGPROBS_MODE}
+        return {
+            "name": "hf",
+            "version": version("transformers"),
+            "dtype": dtype,
+            "logprobs_mode": LOGPROBS_MODE,
+        }
 
     @torch.no_grad()
     def generate(
@@ -53,7 +58,9 @@ class HfEngine:
                 output_scores=True,
                 return_dict_in_generate=True,
             )
-            scores = self.model.compute_transition_scores(output.sequences, output.scores, normalize_logits=True)
+            scores = self.model.compute_transition_scores(
+                output.sequences, output.scores, normalize_logits=True
+            )
             generated = output.sequences[:, len(prompt) :]
             groups.append(
                 [

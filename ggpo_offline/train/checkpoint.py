@@ -32,7 +32,9 @@ def save_checkpoint(path: Path, model, tokenizer, state: dict | None) -> Path:
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The resumable checkpoint with the highest update number, if any."""
     folder = run_dir / "checkpoints"
-    found = sorted(p for p in folder.glob(f"{PREFIX}*") if (p / STATE_FILE).is_file()) if folder.is_dir() else []
+    found = (
+        sorted(p for p in folder.glob(f"{PREFIX}*") if (p / STATE_FILE).is_file()) if folder.is_dir() else []
+    )
     return found[-1] if found else None
 
 

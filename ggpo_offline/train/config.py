@@ -2,10 +2,11 @@
 
 import dataclasses
 import json
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
+
+import tomllib
 
 from ggpo_offline.errors import UserError
 

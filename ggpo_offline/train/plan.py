@@ -41,7 +41,9 @@ def index_pool(path: Path) -> PoolIndex:
 
     for row_group in range(parquet.num_row_groups):
         table = parquet.read_row_group(row_group, columns=["group_id", "reward"])
-        for gid, reward in zip(table.column("group_id").to_pylist(), table.column("reward").to_pylist(), strict=True):
+        for gid, reward in zip(
+            table.column("group_id").to_pylist(), table.column("reward").to_pylist(), strict=True
+        ):
             if not current or gid != current[0]:
                 close_group()
                 current = [gid, 0.0, [row_group]]

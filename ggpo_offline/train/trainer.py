@@ -64,7 +64,9 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         if resume:
             return
         if not overwrite:
-            raise UserError(f"{run_dir} already exists; pass --resume to continue it or --overwrite to replace it")
+            raise UserError(
+                f"{run_dir} already exists; pass --resume to continue it or --overwrite to replace it"
+            )
         shutil.rmtree(run_dir)
     elif resume:
         raise UserError(f"--resume: {run_dir} holds no run to resume")
@@ -80,8 +82,11 @@ def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 def _loss_kwargs(config: TrainConfig) -> dict:
     """The learner's keyword hyperparameters, taken from the config by name (beta, clip, clip_eps, ...)."""
     parameters = inspect.signature(LOSSES[config.method]).parameters
-    return {name: getattr(config, name) for name, p in parameters.items()
-            if p.kind is p.KEYWORD_ONLY and hasattr(config, name)}
+    return {
+        name: getattr(config, name)
+        for name, p in parameters.items()
+        if p.kind is p.KEYWORD_ONLY and hasattr(config, name)
+    }
 
 
 class Trainer:
@@ -100,7 +105,9 @@ class Trainer:
         self.ref_model = _frozen_copy(self.model) if "ref_logp" in needs else None
         self.old_model = _frozen_copy(self.model) if "old_logp" in needs else None
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+            self.model.parameters(),
+            lr=config.lr,
+            betas=(config.adam_beta1, config.adam_beta2),
             weight_decay=config.weight_decay,
         )
         self.loss_fn = LOSSES[config.method]
@@ -149,22 +156,34 @@ class Trainer:
         token_count = batch.mask.sum().to(self.device)  # T_tok of the whole minibatch (SPEC)
         responses = batch.num_responses
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "mismatch/k3": 0.0, "mismatch/drift": 0.0, "policy/entropy": 0.0,
-                "ref/log_ratio": 0.0}
+        sums = {
+            "loss": 0.0,
+            "mismatch/k3": 0.0,
+            "mismatch/drift": 0.0,
+            "policy/entropy": 0.0,
+            "ref/log_ratio": 0.0,
+        }
         seq_log_weights, qs, stats = [], [], []
         for micro in batch.split(self.config.micro_batch_size):
             constants = self._constants(micro)
             logp, entropy = response_logprobs(self.model, micro, with_entropy=True)
             mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
             out = self.loss_fn(
-                logp=logp, mask=mask, rewards=micro.rewards.to(self.device), group_size=micro.group_size,
-                token_count=token_count, **constants, **self.loss_kwargs,
+                logp=logp,
+                mask=mask,
+                rewards=micro.rewards.to(self.device),
+                group_size=micro.group_size,
+                token_count=token_count,
+                **constants,
+                **self.loss_kwargs,
             )
             out.loss.backward()
             logp = logp.detach()
             sums["loss"] += out.loss.item()
             sums["mismatch/k3"] += diag.mismatch_k3(logp, behavior, mask, token_count=token_count).item()
-            sums["mismatch/drift"] += diag.mismatch_drift(logp, behavior, mask, token_count=token_count).item()
+            sums["mismatch/drift"] += diag.mismatch_drift(
+                logp, behavior, mask, token_count=token_count
+            ).item()
             sums["policy/entropy"] += diag.token_entropy_mean(entropy, mask, token_count=token_count).item()
             if "ref_logp" in constants:
                 sums["ref/log_ratio"] += diag.ref_log_ratio(
@@ -177,8 +196,8 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip).item()
         if not (math.isfinite(sums["loss"]) and math.isfinite(grad_norm)):
             raise UserError(
-                f"non-finite loss or gradient at update {self.update} (loss {sums['loss']}, grad norm {grad_norm}); "
-                "stopped before writing a checkpoint"
+                f"non-finite loss or gradient at update {self.update} "
+                f"(loss {sums['loss']}, grad norm {grad_norm}); stopped before writing a checkpoint"
             )
         self.optimizer.step()
         metrics = self._metrics(batch, sums, grad_norm, torch.cat(seq_log_weights), qs, stats)
@@ -262,7 +281,10 @@ def train(
     check_tokenizer(config, pool_meta, load_tokenizer(model_dir))
     index = index_pool(pool)
     plan = plan_minibatches(index, config.seed, config.updates, config.groups_per_batch)
-    fingerprints = {"pool_fingerprint": pool_fingerprint(pool), "data_order_fingerprint": data_order_fingerprint(plan)}
+    fingerprints = {
+        "pool_fingerprint": pool_fingerprint(pool),
+        "data_order_fingerprint": data_order_fingerprint(plan),
+    }
     run_dir = config.run_dir
     prepare_run_dir(run_dir, resume, overwrite)
     if not config.no_tracking:
@@ -286,8 +308,11 @@ def train(
 
     start = tracker_factory or tracking.start_tracking
     tracker = start(
-        experiment=config.experiment or pool.stem, run_name=config.run_name, tracking_uri=config.tracking_uri,
-        resume_run_id=run_id, enabled=not config.no_tracking,
+        experiment=config.experiment or pool.stem,
+        run_name=config.run_name,
+        tracking_uri=config.tracking_uri,
+        resume_run_id=run_id,
+        enabled=not config.no_tracking,
     )
     if run_id is None:
         tracker.log_params({**config.to_dict(), "model_dir": str(model_dir)})
@@ -317,8 +342,12 @@ def train(
             saving = config.save_every is not None and trainer.update % config.save_every == 0
             if saving or trainer.update == config.updates:
                 flush()  # metrics reach the store together with the checkpoint that reproduces them
-                save_checkpoint(checkpoint_dir(run_dir, trainer.update), trainer.model, trainer.tokenizer,
-                                trainer.state(tracker.run_id))
+                save_checkpoint(
+                    checkpoint_dir(run_dir, trainer.update),
+                    trainer.model,
+                    trainer.tokenizer,
+                    trainer.state(tracker.run_id),
+                )
             elif config.save_every is None and trainer.update % FLUSH_EVERY == 0:
                 flush()
         final = save_checkpoint(run_dir / "final", trainer.model, trainer.tokenizer, None)
@@ -328,5 +357,11 @@ def train(
         raise
     finally:
         tracker.close(status)
-    return TrainResult(run_dir, final, tracker.run_id, fingerprints["pool_fingerprint"],
-                       fingerprints["data_order_fingerprint"], history)
+    return TrainResult(
+        run_dir,
+        final,
+        tracker.run_id,
+        fingerprints["pool_fingerprint"],
+        fingerprints["data_order_fingerprint"],
+        history,
+    )
