@@ -131,8 +131,23 @@ def test_train_command_end_to_end_with_mlflow(vllm_pool, tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     out = tmp_path / "run"
-    args = ["train", "--pool", str(vllm_pool), "--method", "grpo", "--updates", "2", "--groups-per-batch", "2",
-            "--out", str(out), "--tracking-uri", uri, "--lr", "1e-4"]
+    args = [
+        "train",
+        "--pool",
+        str(vllm_pool),
+        "--method",
+        "grpo",
+        "--updates",
+        "2",
+        "--groups-per-batch",
+        "2",
+        "--out",
+        str(out),
+        "--tracking-uri",
+        uri,
+        "--lr",
+        "1e-4",
+    ]
     result = ggpo(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "resolved config" in result.stdout and "final model" in result.stdout
@@ -141,7 +156,18 @@ def test_train_command_end_to_end_with_mlflow(vllm_pool, tmp_path):
     series = read_metric_series(uri, run_id)
     assert [value for _, value in series["mismatch/drift"]] == [r["mismatch/drift"] for r in records]
     assert_one_error_line(ggpo(*args, cwd=tmp_path), "already exists; pass --resume")
-    assert_one_error_line(ggpo("train", "--pool", str(vllm_pool), "--method", "ppo", cwd=tmp_path),
-                          "unknown method 'ppo'")
-    assert_one_error_line(ggpo("train", "--pool", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "x"),
-                               "--no-tracking", cwd=tmp_path), "no such pool file")
+    assert_one_error_line(
+        ggpo("train", "--pool", str(vllm_pool), "--method", "ppo", cwd=tmp_path), "unknown method 'ppo'"
+    )
+    assert_one_error_line(
+        ggpo(
+            "train",
+            "--pool",
+            str(tmp_path / "none.parquet"),
+            "--out",
+            str(tmp_path / "x"),
+            "--no-tracking",
+            cwd=tmp_path,
+        ),
+        "no such pool file",
+    )

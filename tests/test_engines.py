@@ -155,3 +155,24 @@ def test_vllm_same_seed_same_pool(vllm_pool, vllm_engine, tmp_path):
         engine=vllm_engine,
     )
     assert not pq.read_table(other).equals(pq.read_table(vllm_pool))
+
+
+@pytest.mark.vllm
+def test_mixed_only_keeps_only_groups_with_some_right_and_some_wrong(vllm_pool, vllm_engine, tmp_path):
+    from ggpo_offline.generate import GenerateConfig, generate_pool
+
+    config = GenerateConfig(
+        num_prompts=40,
+        sampling=SamplingSettings(m=8, max_tokens=64, seed=7),
+        out=tmp_path / "mixed.parquet",
+        reward_workers=0,
+        batch_prompts=16,
+        mixed_only=True,
+    )
+    mixed = pl.read_parquet(generate_pool(config, engine=vllm_engine))
+    full = pl.read_parquet(vllm_pool)
+    sums = full.group_by("group_id").agg(pl.col("reward").sum())
+    expected = sorted(sums.filter((pl.col("reward") > 0) & (pl.col("reward") < 8))["group_id"].to_list())
+    assert sorted(mixed["group_id"].unique().to_list()) == expected
+    assert mixed.equals(full.filter(pl.col("group_id").is_in(expected)))
+    assert read_pool_metadata(config.out)["counts"]["groups"] == len(expected)

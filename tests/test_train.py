@@ -191,3 +191,32 @@ def test_non_finite_loss_stops_before_a_checkpoint(vllm_pool, tmp_path, monkeypa
     with pytest.raises(UserError, match="non-finite loss or gradient at update 0"):
         train(config)
     assert not (config.run_dir / "checkpoints").exists()
+
+
+def test_micro_batches_give_the_full_batch_update(vllm_pool, tmp_path):
+    whole = train(_config(vllm_pool, tmp_path, method="ggpo", updates=3, out=tmp_path / "whole"))
+    micro = train(
+        _config(vllm_pool, tmp_path, method="ggpo", updates=3, micro_batch_size=8, out=tmp_path / "m")
+    )
+    for a, b in zip(whole.metrics, micro.metrics, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+
+
+def test_config_precedence_defaults_preset_file_flags(tmp_path):
+    path = tmp_path / "settings.toml"
+    path.write_text('method = "agro"\ngroups-per-batch = 4\nref_refresh = "never"\nlr = 5e-5\n')
+    config = resolve_config("tiny", path, lr=1e-3)
+    assert (config.method, config.groups_per_batch, config.ref_refresh, config.lr) == ("agro", 4, None, 1e-3)
+    assert config.updates == 100 and config.beta == 0.01  # preset, then SPEC default
+    assert resolve_config("paper-offline").groups_per_batch == 32
+    assert resolve_config(None, None, method="grpo").effective_ref_refresh is None
+    (tmp_path / "bad.toml").write_text("warmup = 3\n")
+    with pytest.raises(UserError, match="unknown setting 'warmup'"):
+        resolve_config(None, tmp_path / "bad.toml")
+    with pytest.raises(UserError, match="unknown preset 'huge'"):
+        resolve_config("huge")
+    (tmp_path / "typed.yaml").write_text("updates: ten\n")
+    with pytest.raises(UserError, match="updates must be int, got 'ten'"):
+        resolve_config(None, tmp_path / "typed.yaml")

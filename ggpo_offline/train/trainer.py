@@ -129,10 +129,10 @@ class Trainer:
         }
 
     def load(self, checkpoint: Path, state: dict) -> None:
-        from safetensors.torch import load_file
+        from transformers import AutoModelForCausalLM
 
-        self.model.load_state_dict(load_file(str(checkpoint / "model.safetensors")), strict=False)
-        self.model.tie_weights()
+        saved = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
+        self.model.load_state_dict(saved.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
         for frozen, key in ((self.ref_model, "ref"), (self.old_model, "old")):
             if frozen is not None:
@@ -185,10 +185,9 @@ class Trainer:
                 logp, behavior, mask, token_count=token_count
             ).item()
             sums["policy/entropy"] += diag.token_entropy_mean(entropy, mask, token_count=token_count).item()
-            if "ref_logp" in constants:
-                sums["ref/log_ratio"] += diag.ref_log_ratio(
-                    logp, constants["ref_logp"], mask, response_count=responses
-                ).item()
+            sums["ref/log_ratio"] += diag.ref_log_ratio(
+                logp, constants["ref_logp"], mask, response_count=responses
+            ).item()
             seq_log_weights.append(diag.sequence_log_weights(logp, behavior, mask))
             if "q" in out.stats:
                 qs.append(out.stats["q"])
@@ -216,8 +215,6 @@ class Trainer:
 
     def _metrics(self, batch, sums, grad_norm, seq_log_weights, qs, stats) -> dict[str, float]:
         metrics = dict(sums)
-        if "ref_logp" not in method_needs(self.config.method):
-            metrics.pop("ref/log_ratio")
         metrics["mismatch/ess"] = diag.sequence_ess(seq_log_weights).item()
         metrics["optim/grad_norm"] = grad_norm
         metrics["train/reward"] = batch.rewards.mean().item()
@@ -285,10 +282,10 @@ def train(
         "pool_fingerprint": pool_fingerprint(pool),
         "data_order_fingerprint": data_order_fingerprint(plan),
     }
-    run_dir = config.run_dir
-    prepare_run_dir(run_dir, resume, overwrite)
     if not config.no_tracking:
         tracking.check_tracking_reachable(config.tracking_uri or tracking.default_tracking_uri())
+    run_dir = config.run_dir
+    prepare_run_dir(run_dir, resume, overwrite)
 
     torch.manual_seed(config.seed)
     trainer = Trainer(config, model_dir, _device(config))
