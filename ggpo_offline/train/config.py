@@ -2,12 +2,12 @@
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
 import tomllib
-import typing
 
 from ggpo_offline.errors import UserError
 
