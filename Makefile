@@ -37,7 +37,7 @@ demo: setup
 	$(BIN)/ggpo pool inspect $(POOL)
 
 test: setup
-	$(BIN)/pytest -q -ra
+	$(BIN)/pytest -q -ra --durations=10
 
 lint: setup
 	$(BIN)/ruff check .
