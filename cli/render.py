@@ -1,4 +1,4 @@
-"""Terminal output of the CLI: the generation progress bar and the pool summary table."""
+"""Terminal output of the CLI: progress bars, the pool summary table and the evaluation table."""
 
 import json
 
@@ -86,6 +86,10 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
             " / ".join(str(summary[k]) for k in ("p10", "p50", "p90", "p99", "max_length")),
         ),
         ("truncated (finish_reason=length)", f"{summary['truncated_frac']:.2%}"),
+        (
+            "reward timeouts / errors",
+            "{} / {}".format(*(meta.get("reward", {}).get(k) for k in ("timeouts", "errors"))),
+        ),
     ]
     if "generation_seconds" in meta:
         seconds = meta["generation_seconds"]
@@ -128,3 +132,45 @@ def print_training_result(result) -> None:
     stdout.print(f"final model: {result.final_model}")
     stdout.print(f"metrics: {result.run_dir / 'metrics.jsonl'}; MLflow run: {result.run_id}")
     stdout.print(f"data-order fingerprint: {result.data_order_fingerprint}")
+
+
+class EvalProgress(_LazyProgress):
+    """Problems done, responses/s and the fraction correct so far."""
+
+    label = "evaluating"
+
+    def update(self, progress) -> None:
+        rate = progress.responses / max(progress.elapsed_s, 1e-9)
+        self._report(
+            progress.problems_done,
+            progress.problems_total,
+            rate=f"problems  {rate:.0f} responses/s",
+            correct=f"correct {progress.mean_correct:.3f}",
+        )
+
+
+def print_eval_report(report: dict, out=None) -> None:
+    """The `eval` table: one row per benchmark and the problem-weighted suite, scores in percent."""
+    settings = report["settings"]
+    s = settings["sampling"]
+    title = (
+        f"{settings['model']['name']}: n={report['n']}, temperature={s['temperature']}, top_p={s['top_p']}, "
+        f"top_k={s['top_k']}, max_tokens={s['max_tokens']}, seed={s['seed']}"
+    )
+    table = Table(title=title)
+    table.add_column("benchmark")
+    table.add_column("problems", justify="right")
+    metrics = ["mean@n"] + [f"pass@{k}" for k in report["ks"]]
+    for metric in metrics:
+        table.add_column(metric.replace("@n", f"@{report['n']}") + " %", justify="right")
+    rows = list(report["benchmarks"].items())
+    for index, (name, scores) in enumerate([*rows, ("suite", report["suite"])]):
+        table.add_row(
+            name,
+            f"{scores['num_problems']:,}",
+            *[f"{100 * scores[metric]:.2f}" for metric in metrics],
+            end_section=index == len(rows) - 1,
+        )
+    stdout.print(table)
+    if out is not None:
+        stdout.print(f"report: {out}")

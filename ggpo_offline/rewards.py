@@ -26,12 +26,14 @@ EXTRACTION_RULE_DESCRIPTION = (
 
 STATUSES = ("ok", "no_box", "timeout", "error")
 
-# The pool is judged stalled when no item finishes for this multiple of the soft timeout: the soft
-# (signal) timeout can miss a computation stuck in C code, and a worker that dies loses its task.
+# The pool is judged stalled when no item finishes for this long (the larger of the two): the soft
+# (signal) timeout can miss a computation stuck in C code, and a worker that dies loses its task. Generous,
+# because on a busy machine (vLLM sharing 2 cores) healthy workers can be slow.
 HARD_LIMIT_FACTOR = 4.0
+MIN_HARD_LIMIT_S = 60.0
 # Spawned workers import sympy and math-verify before their first answer, which can take a while on a
 # busy machine, so a fresh pool gets this much extra time before it is judged stalled.
-POOL_STARTUP_GRACE_S = 60.0
+POOL_STARTUP_GRACE_S = 120.0
 
 _PARSE_CONFIG = (LatexExtractionConfig(),)
 # \boxed{ opens a box; \{ \} \\ are escapes that must not count as braces; { and } are plain braces.
@@ -153,12 +155,12 @@ def _init_worker() -> None:
 class ScoringHandle:
     """The pending scores of one submitted batch; ``get()`` waits for them."""
 
-    def __init__(self, scorer: RewardScorer, pairs: list[tuple[str, str]], generation: int) -> None:
+    def __init__(self, scorer: RewardScorer, pairs: list[tuple[str, str]]) -> None:
         self._scorer = scorer
         self._pairs = pairs
-        self._generation = generation
         self._submitted_at = time.monotonic()
         self._finished: queue.Queue[tuple[int, RewardResult]] = queue.Queue()
+        self._partial: list[RewardResult | None] = [None] * len(pairs)
         self._results: list[RewardResult] | None = None
 
     def _on_result(self, index: int, result: RewardResult) -> None:
@@ -169,41 +171,43 @@ class ScoringHandle:
     def _on_error(self, index: int, error: BaseException) -> None:
         self._on_result(index, RewardResult(0.0, None, "error"))
 
-    def get(self) -> list[RewardResult]:
-        """The results in submission order; a stalled worker's items score 0 with status "timeout"."""
-        if self._results is None:
-            self._results = self._collect()
-            self._scorer._count(self._results)
-        return self._results
+    def _take(self, index: int, result: RewardResult) -> None:
+        if self._partial[index] is None:  # a late answer from a replaced pool may repeat an item
+            self._partial[index] = result
 
-    def _collect(self) -> list[RewardResult]:
-        results: list[RewardResult | None] = [None] * len(self._pairs)
-        missing = len(self._pairs)
-        # A replaced pool's tasks never finish, so a handle from an older generation stops waiting.
-        while missing and self._generation == self._scorer._generation:
-            wait_s = self._scorer._stall_deadline(self._submitted_at) - time.monotonic()
-            if wait_s <= 0:
-                self._scorer._restart_pool(self._generation)
-                break
+    def _drain(self) -> list[int]:
+        """Move arrived results into place; the indices still missing, in submission order."""
+        while True:
             try:
-                index, result = self._finished.get(timeout=wait_s)
+                self._take(*self._finished.get_nowait())
             except queue.Empty:
-                continue  # another batch may have made progress, which moves the deadline
-            results[index] = result
-            missing -= 1
-        return [
-            result if result is not None else RewardResult(0.0, last_boxed_content(response), "timeout")
-            for result, (response, _) in zip(results, self._pairs, strict=True)
-        ]
+                return [i for i, result in enumerate(self._partial) if result is None]
+
+    def get(self) -> list[RewardResult]:
+        """The results in submission order; an item a stalled worker was stuck on scores 0 ("timeout")."""
+        if self._results is None:
+            while self._drain():
+                wait_s = self._scorer._stall_deadline(self._submitted_at) - time.monotonic()
+                if wait_s <= 0:
+                    self._scorer._recover_from_stall()
+                    continue
+                try:
+                    self._take(*self._finished.get(timeout=wait_s))
+                except queue.Empty:
+                    continue  # another batch may have made progress, which moves the deadline
+            self._results = list(self._partial)
+            self._scorer._done(self)
+        return self._results
 
 
 class RewardScorer:
     """Scores batches of (response, gold) pairs in a pool of spawned worker processes kept across batches.
 
-    Each item gets a soft ``timeout_s`` (SIGALRM in the worker's main thread); if the pool makes no
-    progress for ``hard_limit_s`` (default 4 × timeout_s) the unfinished items score 0 with status
-    "timeout" and the pool is replaced. ``workers=0`` scores in the calling process, time-limited only
-    on its main thread. Counters: ``timeouts``, ``errors``, ``restarts``.
+    Each item gets a soft ``timeout_s`` (SIGALRM in the worker's main thread). If the pool makes no
+    progress for ``hard_limit_s`` (default: the larger of 60 s and 4 × timeout_s), the items the workers
+    were stuck on score 0 with status "timeout", the pool is replaced, and every item still queued is
+    scored by the new pool: a stall costs only the stuck items. ``workers=0`` scores in the calling
+    process, time-limited only on its main thread. Counters: ``timeouts``, ``errors``, ``restarts``.
     """
 
     def __init__(self, workers: int, timeout_s: float = 5.0, hard_limit_s: float | None = None) -> None:
@@ -213,11 +217,13 @@ class RewardScorer:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.workers = workers
         self.timeout_s = timeout_s
-        self.hard_limit_s = HARD_LIMIT_FACTOR * timeout_s if hard_limit_s is None else hard_limit_s
+        if hard_limit_s is None:
+            hard_limit_s = max(MIN_HARD_LIMIT_S, HARD_LIMIT_FACTOR * timeout_s)
+        self.hard_limit_s = hard_limit_s
         self.timeouts = 0
         self.errors = 0
         self.restarts = 0
-        self._generation = 0
+        self._pending: list[ScoringHandle] = []  # submission order = the pool's FIFO task order
         self._last_result_at: float | None = None  # when any batch last got a result from this pool
         self._pool = self._new_pool() if workers > 0 else None
 
@@ -233,15 +239,36 @@ class RewardScorer:
         # Progress is pool-wide: a batch queued behind another one waits while that one advances.
         return max(self._last_result_at, submitted_at) + self.hard_limit_s
 
-    def _restart_pool(self, generation: int) -> None:
-        # Only the first handle to notice a stall replaces the pool; later ones see a newer generation.
-        if generation != self._generation or self._pool is None:
-            return
+    def _recover_from_stall(self) -> None:
+        """Replace the pool. Tasks are taken in FIFO order, so the first ``workers`` unfinished items are
+        the ones the workers were stuck on: they time out; all later ones are sent to the new pool."""
         self._pool.terminate()
         self._pool = self._new_pool()
-        self._generation += 1
         self._last_result_at = None
         self.restarts += 1
+        stuck = self.workers
+        for handle in self._pending:
+            handle._submitted_at = time.monotonic()
+            for index in handle._drain():
+                if stuck:
+                    response = handle._pairs[index][0]
+                    handle._take(index, RewardResult(0.0, last_boxed_content(response), "timeout"))
+                    stuck -= 1
+                else:
+                    self._apply(handle, index)
+
+    def _apply(self, handle: ScoringHandle, index: int) -> None:
+        response, gold = handle._pairs[index]
+        self._pool.apply_async(
+            score_response,
+            (response, gold, self.timeout_s),
+            callback=partial(handle._on_result, index),
+            error_callback=partial(handle._on_error, index),
+        )
+
+    def _done(self, handle: ScoringHandle) -> None:
+        self._pending.remove(handle)
+        self._count(handle._results)
 
     def _count(self, results: Sequence[RewardResult]) -> None:
         self.timeouts += sum(result.status == "timeout" for result in results)
@@ -249,18 +276,14 @@ class RewardScorer:
 
     def submit(self, pairs: Sequence[tuple[str, str]]) -> ScoringHandle:
         """Start scoring ``pairs``; ``handle.get()`` returns the results in the same order."""
-        handle = ScoringHandle(self, list(pairs), self._generation)
+        handle = ScoringHandle(self, list(pairs))
         if self._pool is None:
             for index, (response, gold) in enumerate(handle._pairs):
                 handle._finished.put((index, score_response(response, gold, self.timeout_s)))
-            return handle
-        for index, (response, gold) in enumerate(handle._pairs):
-            self._pool.apply_async(
-                score_response,
-                (response, gold, self.timeout_s),
-                callback=partial(handle._on_result, index),
-                error_callback=partial(handle._on_error, index),
-            )
+        else:
+            for index in range(len(handle._pairs)):
+                self._apply(handle, index)
+        self._pending.append(handle)
         return handle
 
     def close(self) -> None:

@@ -112,6 +112,8 @@ def test_vllm_pool_rewards_equal_a_fresh_math_verify(vllm_pool):
         fresh = score_response(response, answer)
         assert (fresh.reward, fresh.extracted_answer) == (reward, extracted)
     assert 0 < frame["reward"].mean() < 1  # the tiny model is neither hopeless nor perfect
+    reward_meta = read_pool_metadata(vllm_pool)["reward"]
+    assert (reward_meta["timeouts"], reward_meta["errors"]) == (0, 0)
 
 
 @pytest.mark.vllm

@@ -200,14 +200,14 @@ def test_batch_queued_behind_a_slow_batch_is_not_stalled():
         assert (scorer.timeouts, scorer.restarts) == (4, 0)
 
 
-def test_stall_loses_the_batches_queued_in_the_replaced_pool():
+def test_a_stall_costs_only_the_stuck_item_and_queued_batches_are_scored_by_the_new_pool():
     with RewardScorer(workers=1, timeout_s=60, hard_limit_s=2.0) as scorer:
         scorer.submit([("\\boxed{1}", "1")]).get()
-        stalled = scorer.submit([(SLOW_RESPONSE, "1")])
+        stalled = scorer.submit([(SLOW_RESPONSE, "1"), ("\\boxed{5}", "5")])
         queued = scorer.submit([("\\boxed{4}", "4")])
-        assert stalled.get()[0].status == "timeout"
-        assert queued.get() == [RewardResult(0.0, "4", "timeout")]
-        assert (scorer.timeouts, scorer.restarts) == (2, 1)
+        assert stalled.get() == [RewardResult(0.0, "9^{9^{9}}", "timeout"), RewardResult(1.0, "5", "ok")]
+        assert queued.get() == [RewardResult(1.0, "4", "ok")]
+        assert (scorer.timeouts, scorer.restarts) == (1, 1)
 
 
 def test_math500_gold_solutions_verify_against_gold_answers(two_worker_scorer):
