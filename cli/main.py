@@ -165,6 +165,81 @@ def _ref_refresh(value: str | None) -> int | str | None:
         raise UserError(f"--ref-refresh must be a number of updates or 'never', got {value!r}") from None
 
 
+@app.command("eval")
+def evaluate(
+    model: str = typer.Option(
+        None, help="Local Hugging Face model folder [default: the embedded tiny model]."
+    ),
+    dataset: list[str] = typer.Option(
+        None,
+        help="A benchmark: arith[:train|test], a .jsonl/.json/.parquet file or hf:NAME[:SPLIT]; "
+        "repeat for a suite [default: arith:test].",
+    ),
+    problem_key: str = typer.Option(None, help="Problem column [default: problem, question or prompt]."),
+    answer_key: str = typer.Option(None, help="Gold answer column [default: answer]."),
+    solution_key: str = typer.Option(
+        None, help="Solution column whose last \\boxed{} is the gold when there is no answer column."
+    ),
+    num_problems: int = typer.Option(
+        None, help="Problems per benchmark [default: arith 500, files all rows]."
+    ),
+    n: int = typer.Option(32, "--num-samples", "-n", help="Responses per problem (the n of mean@n, pass@k)."),
+    ks: str = typer.Option(
+        "1,4,8,16,32", "--ks", "-k", help="Comma-separated k of pass@k (k > n is skipped)."
+    ),
+    pool: Path = typer.Option(None, help="Take sampling settings and prompt template from this pool."),
+    temperature: float = typer.Option(None, help="Sampling temperature [default: the pool's, else 1.0]."),
+    top_p: float = typer.Option(None, help="Nucleus threshold [default: the pool's, else 1.0 = off]."),
+    top_k: int = typer.Option(None, help="Top-k [default: the pool's, else 0 = off]."),
+    max_tokens: int = typer.Option(None, help="Response length limit [default: the pool's, else 128]."),
+    seed: int = typer.Option(0, help="Global sampling seed (each problem derives its own)."),
+    engine: str = typer.Option("vllm", help="Generation engine: vllm or hf."),
+    dtype: str = typer.Option("auto", help="Engine dtype: auto, float32, bfloat16, float16."),
+    template: str = typer.Option(
+        None, help="Prompt format: auto, chat or plain [default: the pool's, else auto]."
+    ),
+    reward_workers: int = typer.Option(2, help="Worker processes for math-verify (0 = in-process)."),
+    out: Path = typer.Option(None, help="Write the JSON report (per-problem counts included) here."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
+) -> None:
+    """Sample n responses per benchmark problem; report mean@n and pass@k per benchmark and for the suite."""
+    from ggpo_offline.evaluate import DEFAULT_DATASETS, EvalConfig
+    from ggpo_offline.evaluate import evaluate as run
+
+    config = EvalConfig(
+        model=model,
+        datasets=tuple(dataset) if dataset else DEFAULT_DATASETS,
+        problem_key=problem_key,
+        answer_key=answer_key,
+        solution_key=solution_key,
+        num_problems=num_problems,
+        n=n,
+        ks=_ks(ks),
+        pool=pool,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_tokens=max_tokens,
+        seed=seed,
+        engine=engine,
+        dtype=dtype,
+        template=template,
+        reward_workers=reward_workers,
+        out=out,
+        overwrite=overwrite,
+    )
+    with render.EvalProgress() as progress:
+        report = run(config, on_progress=progress.update)
+    render.print_eval_report(report, out)
+
+
+def _ks(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise UserError(f"-k must be comma-separated whole numbers, got {value!r}") from None
+
+
 @app.command("build-tiny-model")
 def build_tiny_model(
     out: Path = typer.Option(..., help="Folder to write the model into."),

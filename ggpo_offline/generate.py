@@ -8,20 +8,23 @@ from pathlib import Path
 
 from ggpo_offline import __version__
 from ggpo_offline.datasets import load_dataset
-from ggpo_offline.engines import ENGINES, Engine, Sample, SamplingSettings, load_engine, prompt_seed
+from ggpo_offline.engines import Engine, SamplingSettings, load_engine
 from ggpo_offline.errors import UserError
 from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_sha256, weights_sha256
 from ggpo_offline.pool.schema import SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter, check_output_path
-from ggpo_offline.problems import Problem
-from ggpo_offline.prompts import (
-    Template,
-    encode_prompt,
-    format_prompt,
-    resolve_template,
-    template_description,
+from ggpo_offline.prompts import Template, resolve_template, template_description
+from ggpo_offline.rewards import RewardScorer
+from ggpo_offline.rollout import (
+    ScoredBatch,
+    encode_prompts,
+    engine_checks,
+    prompt_token_limit,
+    raise_first_failure,
+    reward_description,
+    sample_and_score,
+    sampling_checks,
 )
-from ggpo_offline.rewards import EXTRACTION_RULE, EXTRACTION_RULE_DESCRIPTION, RewardResult, RewardScorer
 
 DEFAULT_POOL = Path("pools/base.parquet")
 DEFAULT_ARITH_PROMPTS = 4000
@@ -79,36 +82,12 @@ class Progress:
         return time.monotonic() - self.started
 
 
-@dataclass
-class _Batch:
-    """One engine call's prompts and samples, waiting for their rewards."""
-
-    first_group_id: int
-    problems: list[Problem]
-    prompts: list[str]
-    prompt_ids: list[list[int]]
-    samples: list[list[Sample]]
-    responses: list[list[str]]
-    rewards: object  # rewards.ScoringHandle
-
-
 def _validate_settings(config: GenerateConfig) -> None:
-    s = config.sampling
-    checks = [
-        (s.m >= 1, f"--samples-per-prompt must be >= 1, got {s.m}"),
-        (s.temperature > 0, f"--temperature must be > 0 (sampling), got {s.temperature}"),
-        (0 < s.top_p <= 1, f"--top-p must be in (0, 1], got {s.top_p}"),
-        (s.top_k >= 0, f"--top-k must be >= 0 (0 disables it), got {s.top_k}"),
-        (s.max_tokens >= 1, f"--max-tokens must be >= 1, got {s.max_tokens}"),
-        (config.num_prompts is None or config.num_prompts >= 1, "--num-prompts must be >= 1"),
-        (config.reward_workers >= 0, "--reward-workers must be >= 0"),
-        (config.engine in ENGINES, f"unknown --engine {config.engine!r}; choose one of {', '.join(ENGINES)}"),
-        (config.dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown --dtype {config.dtype!r}"),
-        (config.template in ("auto", "chat", "plain"), f"unknown --template {config.template!r}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise UserError(message)
+    raise_first_failure(
+        sampling_checks(config.sampling, "--samples-per-prompt")
+        + [(config.num_prompts is None or config.num_prompts >= 1, "--num-prompts must be >= 1")]
+        + engine_checks(config.engine, config.dtype, config.template, config.reward_workers)
+    )
 
 
 def _dataset_kwargs(config: GenerateConfig) -> dict:
@@ -124,19 +103,19 @@ def _dataset_kwargs(config: GenerateConfig) -> dict:
     }
 
 
-def _max_positions(model_dir: Path) -> int:
-    from transformers import AutoConfig
-
-    return int(getattr(AutoConfig.from_pretrained(str(model_dir)), "max_position_embeddings", 4096))
-
-
 def _rows(
-    batch: _Batch, results: list[RewardResult], m: int, mixed_only: bool, progress: Progress
+    batch: ScoredBatch,
+    first_group_id: int,
+    prompts: list[str],
+    prompt_ids: list[list[int]],
+    m: int,
+    mixed_only: bool,
+    progress: Progress,
 ) -> list[dict]:
     """Pool rows of one batch, whole groups only (contiguous), dropping all-equal groups if asked."""
     rows = []
     for offset, problem in enumerate(batch.problems):
-        group_results = results[offset * m : (offset + 1) * m]
+        group_results = batch.results[offset * m : (offset + 1) * m]
         correct = sum(r.reward for r in group_results)
         mixed = 0 < correct < m
         if mixed_only and not mixed:
@@ -148,12 +127,12 @@ def _rows(
         ):
             rows.append(
                 {
-                    "group_id": batch.first_group_id + offset,
+                    "group_id": first_group_id + offset,
                     "sample_idx": sample_idx,
                     "prompt_id": problem.prompt_id,
                     "source": problem.source,
-                    "prompt": batch.prompts[offset],
-                    "prompt_token_ids": batch.prompt_ids[offset],
+                    "prompt": prompts[offset],
+                    "prompt_token_ids": prompt_ids[offset],
                     "answer": problem.answer,
                     "response": text,
                     "response_token_ids": sample.token_ids,
@@ -190,14 +169,8 @@ def generate_pool(
     template = resolve_template(tokenizer, config.template)
     sampling = config.sampling
 
-    prompts = [format_prompt(tokenizer, p.problem, template) for p in problems]
-    prompt_ids = [encode_prompt(tokenizer, text, template) for text in prompts]
-    max_positions = _max_positions(model_dir)
-    prompt_limit = max_positions - sampling.max_tokens
-    if prompt_limit < 1:
-        raise UserError(
-            f"--max-tokens {sampling.max_tokens} leaves no room for a prompt (model: {max_positions})"
-        )
+    prompts, prompt_ids = encode_prompts(tokenizer, problems, template)
+    prompt_limit = prompt_token_limit(model_dir, sampling.max_tokens)
     keep = [i for i, ids in enumerate(prompt_ids) if len(ids) <= prompt_limit]
     skipped_long = len(problems) - len(keep)
     if not keep:
@@ -213,39 +186,29 @@ def generate_pool(
             RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer,
             PoolWriter(out, config.overwrite) as writer,
         ):
-            pending: _Batch | None = None
-            for start in range(0, len(keep), config.batch_prompts):
-                chunk = keep[start : start + config.batch_prompts]
-                batch_problems = [problems[i] for i in chunk]
-                samples = engine.generate(
-                    [prompt_ids[i] for i in chunk],
-                    [prompt_seed(sampling.seed, p.prompt_id) for p in batch_problems],
-                    sampling,
-                )
-                responses = [
-                    [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in group]
-                    for group in samples
-                ]
-                pairs = [
-                    (text, p.answer)
-                    for p, group in zip(batch_problems, responses, strict=True)
-                    for text in group
-                ]
-                batch = _Batch(
+            for batch in sample_and_score(
+                engine,
+                tokenizer,
+                scorer,
+                [problems[i] for i in keep],
+                [prompt_ids[i] for i in keep],
+                sampling,
+                config.batch_prompts,
+            ):
+                chunk = keep[batch.start : batch.start + len(batch.problems)]
+                rows = _rows(
+                    batch,
                     chunk[0],
-                    batch_problems,
                     [prompts[i] for i in chunk],
                     [prompt_ids[i] for i in chunk],
-                    samples,
-                    responses,
-                    scorer.submit(pairs),
+                    sampling.m,
+                    config.mixed_only,
+                    progress,
                 )
-                # Rewards of this batch are computed by the workers while the engine samples the next one.
-                if pending is not None:
-                    _finish_batch(pending, writer, sampling.m, config.mixed_only, progress, on_batch)
-                pending = batch
-            if pending is not None:
-                _finish_batch(pending, writer, sampling.m, config.mixed_only, progress, on_batch)
+                writer.write_rows(rows)
+                progress.prompts_done += len(batch.problems)
+                if on_batch is not None:
+                    on_batch(progress)
             metadata = _metadata(
                 config, model_dir, tokenizer, engine, template, dataset_meta, progress, skipped_long
             )
@@ -258,14 +221,6 @@ def generate_pool(
     finally:
         if owns_engine:
             engine.close()
-
-
-def _finish_batch(batch, writer, m, mixed_only, progress, on_batch) -> None:
-    results = batch.rewards.get()
-    writer.write_rows(_rows(batch, results, m, mixed_only, progress))
-    progress.prompts_done += len(batch.problems)
-    if on_batch is not None:
-        on_batch(progress)
 
 
 def _metadata(config, model_dir, tokenizer, engine, template, dataset_meta, progress, skipped_long) -> dict:
@@ -290,12 +245,7 @@ def _metadata(config, model_dir, tokenizer, engine, template, dataset_meta, prog
         },
         "dataset": dataset_meta,
         "prompt_template": template_description(template),
-        "reward": {
-            "extraction_rule": EXTRACTION_RULE,
-            "description": EXTRACTION_RULE_DESCRIPTION,
-            "verifier": f"math-verify {_package_version('math-verify')}",
-            "timeout_s": config.reward_timeout_s,
-        },
+        "reward": reward_description(config.reward_timeout_s),
         "filter": {"mixed_only": config.mixed_only},
         "counts": {
             "prompts": progress.prompts_total,
@@ -310,12 +260,3 @@ def _metadata(config, model_dir, tokenizer, engine, template, dataset_meta, prog
         "generation_seconds": round(progress.elapsed_s, 2),
         "config": {k: v for k, v in asdict(config).items() if k not in ("sampling", "out", "overwrite")},
     }
-
-
-def _package_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "unknown"

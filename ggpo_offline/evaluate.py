@@ -1,0 +1,374 @@
+"""Evaluation (SPEC "Evaluation", paper Appendix C.1): mean@n and pass@k per benchmark and for the suite."""
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ggpo_offline import __version__
+from ggpo_offline.datasets import load_dataset
+from ggpo_offline.engines import Engine, SamplingSettings, load_engine
+from ggpo_offline.errors import UserError
+from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, weights_sha256
+from ggpo_offline.pool.schema import read_pool_metadata
+from ggpo_offline.problems import Problem
+from ggpo_offline.prompts import Template, resolve_template, template_description
+from ggpo_offline.rewards import RewardScorer
+from ggpo_offline.rollout import (
+    encode_prompts,
+    engine_checks,
+    prompt_token_limit,
+    raise_first_failure,
+    reward_description,
+    sample_and_score,
+    sampling_checks,
+)
+
+DEFAULT_DATASETS = ("arith:test",)
+DEFAULT_KS = (1, 4, 8, 16, 32)
+DEFAULT_ARITH_PROBLEMS = 500
+DATASET_SEED = 0
+"""Seed of the arith draw: fixed, so that every sampling seed is evaluated on the same problems."""
+POOL_SETTINGS = ("temperature", "top_p", "top_k", "max_tokens")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Everything ``ggpo eval`` needs. Sampling fields and ``template`` left at None take the value of
+    ``pool`` when one is given, else the default (temperature 1.0, top-p 1.0, no top-k, 128 tokens,
+    template auto); ``resolve_sampling`` applies that rule."""
+
+    model: str | None = None
+    """Local Hugging Face model folder; None = the tiny model shipped with the package."""
+    datasets: tuple[str, ...] = DEFAULT_DATASETS
+    """One benchmark per spec: ``arith[:train|test]``, a .jsonl/.json/.parquet file or ``hf:NAME[:SPLIT]``."""
+    problem_key: str | None = None
+    """Problem column of every dataset [default: problem, question or prompt] (as ``generate-pool``)."""
+    answer_key: str | None = None
+    """Gold answer column of every dataset [default: answer]."""
+    solution_key: str | None = None
+    """Solution column whose last \\boxed{} is the gold, for datasets without an answer column."""
+    num_problems: int | None = None
+    """Problems per benchmark (files: the first N rows; arith: N drawn problems, default 500). None = all."""
+    n: int = 32
+    """Responses sampled per problem (the ``n`` of mean@n and pass@k)."""
+    ks: tuple[int, ...] = DEFAULT_KS
+    """The k of each pass@k; those above ``n`` are not reported."""
+    pool: Path | None = None
+    """A pool whose sampling settings (temperature, top-p, top-k, max-tokens) and prompt template are
+    the defaults, so a model is evaluated as the pool was sampled."""
+    temperature: float | None = None
+    """Sampling temperature; None = the pool's, else 1.0."""
+    top_p: float | None = None
+    """Nucleus threshold; None = the pool's, else 1.0 (off)."""
+    top_k: int | None = None
+    """Top-k; None = the pool's, else 0 (off)."""
+    max_tokens: int | None = None
+    """Response length limit; None = the pool's, else 128."""
+    seed: int = 0
+    """Global sampling seed; each problem samples from a seed derived from it and its prompt_id."""
+    template: Template | None = None
+    """Prompt format (auto, chat or plain); None = the pool's, else auto."""
+    engine: str = "vllm"
+    """Generation engine: vllm or hf."""
+    dtype: str = "auto"
+    """Engine weight dtype: auto (engine's choice), float32, bfloat16 or float16."""
+    reward_workers: int = 2
+    """Worker processes for math-verify (0 = in-process)."""
+    reward_timeout_s: float = 5.0
+    """Time limit of one response's scoring; past it the response scores 0."""
+    batch_prompts: int = 256
+    """Problems per engine call."""
+    out: Path | None = None
+    """Where to write the JSON report; None = return it only."""
+    overwrite: bool = False
+    """Replace an existing ``out`` file."""
+
+
+@dataclass
+class EvalProgress:
+    """Running totals reported after every engine call."""
+
+    problems_done: int = 0
+    problems_total: int = 0
+    responses: int = 0
+    correct: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def mean_correct(self) -> float:
+        return self.correct / self.responses if self.responses else 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+
+@dataclass(frozen=True)
+class _Benchmark:
+    """One dataset's problems that fit the model, with their token ids."""
+
+    name: str
+    problems: list[Problem]
+    prompt_ids: list[list[int]]
+    dataset: dict
+    skipped_long_prompts: int
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``c`` correct among ``n`` samples (Chen et al. 2021, Eq. 1):
+    ``1 − C(n−c, k)/C(n, k)``, computed as ``1 − ∏_{i=n−c+1}^{n} (1 − k/i)``; 1 when ``k > n−c``.
+    ``pass_at_k(n, c, 1) = c/n``."""
+    if not (n >= 1 and 0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"need n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if k > n - c:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def reported_ks(ks: Sequence[int], n: int) -> list[int]:
+    """The pass@k values reported for ``n`` samples: the distinct ``k <= n``, ascending."""
+    return sorted({k for k in ks if k <= n})
+
+
+def aggregate(counts: dict[str, dict[str, int]], n: int, ks: Sequence[int]) -> dict:
+    """Benchmark and suite scores from per-problem correct counts ``{benchmark: {prompt_id: c}}``.
+
+    A benchmark averages over its problems; the suite averages over the problems of all benchmarks
+    together (problem-weighted: each problem counts once, so it is not the mean of benchmark means).
+    Returns ``{"benchmarks": {name: scores + {"counts"}}, "suite": scores}``, where scores are
+    ``num_problems``, ``mean@n`` and ``pass@k`` for each reported k.
+    """
+    ks = reported_ks(ks, n)
+    benchmarks = {
+        name: {**_scores(list(by_problem.values()), n, ks), "counts": dict(by_problem)}
+        for name, by_problem in counts.items()
+    }
+    suite = _scores([c for by_problem in counts.values() for c in by_problem.values()], n, ks)
+    return {"benchmarks": benchmarks, "suite": suite}
+
+
+def _scores(correct: list[int], n: int, ks: list[int]) -> dict:
+    if not correct:
+        raise ValueError("cannot score a benchmark without problems")
+    scores = {"num_problems": len(correct), "mean@n": math.fsum(correct) / (n * len(correct))}
+    for k in ks:
+        scores[f"pass@{k}"] = math.fsum(pass_at_k(n, c, k) for c in correct) / len(correct)
+    return scores
+
+
+def resolve_sampling(config: EvalConfig) -> tuple[SamplingSettings, Template]:
+    """The sampling settings (``m = n``) and template used: each field given in ``config`` wins, then
+    the pool's value when ``config.pool`` is set, then the default."""
+    defaults = SamplingSettings()
+    values: dict = {name: getattr(defaults, name) for name in POOL_SETTINGS} | {"template": "auto"}
+    if config.pool is not None:
+        values |= _pool_settings(Path(config.pool))
+    values |= {name: getattr(config, name) for name in values if getattr(config, name) is not None}
+    template = values.pop("template")
+    return SamplingSettings(m=config.n, seed=config.seed, **values), template
+
+
+def _pool_settings(pool: Path) -> dict:
+    if not pool.is_file():
+        raise UserError(f"{pool}: no such pool file")
+    meta = read_pool_metadata(pool)
+    sampling = meta.get("sampling", {})
+    template = meta.get("prompt_template", {}).get("kind")
+    missing = [f"sampling.{name}" for name in POOL_SETTINGS if name not in sampling]
+    if template is None:
+        missing.append("prompt_template.kind")
+    if missing:
+        raise UserError(f"{pool}: the pool metadata has no {', '.join(missing)}")
+    return {name: sampling[name] for name in POOL_SETTINGS} | {"template": template}
+
+
+def _validate(config: EvalConfig, sampling: SamplingSettings, template: str) -> None:
+    bad_ks = [k for k in config.ks if k < 1]
+    raise_first_failure(
+        sampling_checks(sampling, "-n")
+        + [
+            (not bad_ks, f"-k values must be >= 1, got {bad_ks[0] if bad_ks else None}"),
+            (len(config.datasets) > 0, "give at least one --dataset"),
+            (len(set(config.datasets)) == len(config.datasets), "a --dataset is given twice"),
+            (config.num_problems is None or config.num_problems >= 1, "--num-problems must be >= 1"),
+            (config.batch_prompts >= 1, "batch_prompts must be >= 1"),
+        ]
+        + engine_checks(config.engine, config.dtype, template, config.reward_workers)
+    )
+
+
+def evaluate(
+    config: EvalConfig,
+    engine: Engine | None = None,
+    on_progress: Callable[[EvalProgress], None] | None = None,
+) -> dict:
+    """Sample ``n`` responses per problem of every benchmark, score them with the pool's reward and
+    return the JSON-serializable report (also written to ``config.out`` when set).
+
+    ``engine`` reuses an already started engine, which must hold ``config.model`` (it is left running);
+    by default the engine named in ``config`` is started here and closed at the end. Raises UserError on
+    bad input.
+    """
+    sampling, template_choice = resolve_sampling(config)
+    _validate(config, sampling, template_choice)
+    if config.out is not None:
+        _check_report_path(Path(config.out), config.overwrite)  # before any slow work
+    loaded = [load_dataset(spec, **_dataset_kwargs(config, spec)) for spec in config.datasets]
+    names = _benchmark_names([meta for _, meta in loaded])
+    model_dir = resolve_model_dir(config.model)
+    tokenizer = load_tokenizer(model_dir)
+    template = resolve_template(tokenizer, template_choice)
+    prompt_limit = prompt_token_limit(model_dir, sampling.max_tokens)
+    benchmarks = [
+        _benchmark(name, problems, meta, tokenizer, template, prompt_limit)
+        for name, (problems, meta) in zip(names, loaded, strict=True)
+    ]
+
+    owns_engine = engine is None
+    if owns_engine:
+        longest = max(len(ids) for b in benchmarks for ids in b.prompt_ids)
+        engine = load_engine(
+            config.engine, model_dir, config.dtype, longest + sampling.max_tokens, sampling.seed
+        )
+    try:
+        counts, reward, progress = _count_correct(
+            engine, tokenizer, benchmarks, sampling, config, on_progress
+        )
+        described = engine.describe()
+    finally:
+        if owns_engine:
+            engine.close()
+
+    report = _report(config, counts, benchmarks, sampling, model_dir, template, described, reward, progress)
+    if config.out is not None:
+        _write_report(report, Path(config.out))
+    return report
+
+
+def _count_correct(engine, tokenizer, benchmarks, sampling, config, on_progress):
+    """Correct responses per problem ``{benchmark: {prompt_id: c}}``, the reward description with its
+    timeout/error counts, and the final progress; all benchmarks share one stream of engine calls."""
+    problems = [p for b in benchmarks for p in b.problems]
+    prompt_ids = [ids for b in benchmarks for ids in b.prompt_ids]
+    owner = [b.name for b in benchmarks for _ in b.problems]
+    counts: dict[str, dict[str, int]] = {b.name: {} for b in benchmarks}
+    progress = EvalProgress(problems_total=len(problems))
+    with RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer:
+        for batch in sample_and_score(
+            engine, tokenizer, scorer, problems, prompt_ids, sampling, config.batch_prompts
+        ):
+            for offset, problem in enumerate(batch.problems):
+                group = batch.results[offset * sampling.m : (offset + 1) * sampling.m]
+                correct = sum(result.reward == 1.0 for result in group)
+                counts[owner[batch.start + offset]][problem.prompt_id] = correct
+                progress.correct += correct
+            progress.problems_done += len(batch.problems)
+            progress.responses += len(batch.results)
+            if on_progress is not None:
+                on_progress(progress)
+        reward = reward_description(config.reward_timeout_s)
+        reward.update(timeouts=scorer.timeouts, errors=scorer.errors)
+    return counts, reward, progress
+
+
+def _dataset_kwargs(config: EvalConfig, spec: str) -> dict:
+    limit = config.num_problems
+    if limit is None and spec.split(":")[0] == "arith":
+        limit = DEFAULT_ARITH_PROBLEMS
+    return {
+        "problem_key": config.problem_key,
+        "answer_key": config.answer_key,
+        "solution_key": config.solution_key,
+        "limit": limit,
+        "seed": DATASET_SEED,
+    }
+
+
+def benchmark_name(dataset_meta: dict) -> str:
+    """A benchmark's name: a file's stem (``math500``), else its source with ``-`` (``arith-test``)."""
+    spec = dataset_meta["spec"]
+    if spec.split(":")[0] in ("arith", "hf"):
+        return dataset_meta["source"].replace(":", "-").replace("/", "-")
+    return Path(spec).stem
+
+
+def _benchmark_names(dataset_metas: list[dict]) -> list[str]:
+    names: dict[str, str] = {}
+    for meta in dataset_metas:
+        name = benchmark_name(meta)
+        if name in names:
+            raise UserError(
+                f"--dataset {names[name]} and {meta['spec']} are both named {name!r}; rename one file"
+            )
+        names[name] = meta["spec"]
+    return list(names)
+
+
+def _benchmark(name, problems, dataset_meta, tokenizer, template, prompt_limit) -> _Benchmark:
+    _, prompt_ids = encode_prompts(tokenizer, problems, template)
+    keep = [i for i, ids in enumerate(prompt_ids) if len(ids) <= prompt_limit]
+    if not keep:
+        raise UserError(
+            f"every prompt of {dataset_meta['spec']} is longer than {prompt_limit} tokens "
+            "(model limit minus --max-tokens)"
+        )
+    return _Benchmark(
+        name=name,
+        problems=[problems[i] for i in keep],
+        prompt_ids=[prompt_ids[i] for i in keep],
+        dataset=dataset_meta,
+        skipped_long_prompts=len(problems) - len(keep),
+    )
+
+
+def _report(config, counts, benchmarks, sampling, model_dir, template, described, reward, progress) -> dict:
+    scores = aggregate(counts, config.n, config.ks)
+    for b in benchmarks:
+        scores["benchmarks"][b.name].update(dataset=b.dataset, skipped_long_prompts=b.skipped_long_prompts)
+    return {
+        "n": config.n,
+        "ks": reported_ks(config.ks, config.n),
+        **scores,
+        "settings": {
+            "model": {
+                "path": str(model_dir),
+                "name": config.model or "embedded:tiny",
+                "weights_sha256": weights_sha256(model_dir),
+            },
+            "sampling": {
+                **sampling.as_dict(),
+                "seed_derivation": "per prompt: sha256('{seed}:{prompt_id}'), engine adds the sample index",
+            },
+            "pool": None if config.pool is None else str(config.pool),
+            "prompt_template": template_description(template),
+            "engine": {"name": described["name"], "version": described["version"]},
+            "dtype": described["dtype"],
+            "reward": reward,
+            "dataset_seed": DATASET_SEED,
+            "tool_version": __version__,
+        },
+        "run": {
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(progress.elapsed_s, 2),
+        },
+    }
+
+
+def _check_report_path(path: Path, overwrite: bool) -> None:
+    if path.is_dir():
+        raise UserError(f"{path} is a directory; give a .json file path for --out")
+    if path.exists() and not overwrite:
+        raise UserError(f"{path} already exists; pass --overwrite to replace it")
+
+
+def _write_report(report: dict, path: Path) -> None:
+    """Write through a temporary file renamed into place, so no half-written report is left."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, path)

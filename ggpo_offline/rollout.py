@@ -1,0 +1,140 @@
+"""Problems in, scored samples out: the steps shared by pool generation and evaluation."""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from ggpo_offline.engines import ENGINES, Engine, Sample, SamplingSettings, prompt_seed
+from ggpo_offline.errors import UserError
+from ggpo_offline.problems import Problem
+from ggpo_offline.prompts import encode_prompt, format_prompt
+from ggpo_offline.rewards import EXTRACTION_RULE, EXTRACTION_RULE_DESCRIPTION, RewardResult, RewardScorer
+
+
+@dataclass(frozen=True)
+class ScoredBatch:
+    """One engine call: its problems, their samples, the decoded responses and the rewards."""
+
+    start: int
+    """Position of the batch's first problem in the list given to ``sample_and_score``."""
+    problems: list[Problem]
+    samples: list[list[Sample]]
+    """``m`` samples per problem."""
+    responses: list[list[str]]
+    """The samples decoded to text (special tokens skipped)."""
+    results: list[RewardResult]
+    """Rewards, problem-major: problem ``i``'s ``m`` results are ``results[i*m : (i+1)*m]``."""
+
+
+def sampling_checks(sampling: SamplingSettings, m_flag: str) -> list[tuple[bool, str]]:
+    """(ok, message) checks of the sampling settings; ``m_flag`` names the group-size flag."""
+    s = sampling
+    return [
+        (s.m >= 1, f"{m_flag} must be >= 1, got {s.m}"),
+        (s.temperature > 0, f"--temperature must be > 0 (sampling), got {s.temperature}"),
+        (0 < s.top_p <= 1, f"--top-p must be in (0, 1], got {s.top_p}"),
+        (s.top_k >= 0, f"--top-k must be >= 0 (0 disables it), got {s.top_k}"),
+        (s.max_tokens >= 1, f"--max-tokens must be >= 1, got {s.max_tokens}"),
+    ]
+
+
+def engine_checks(engine: str, dtype: str, template: str, reward_workers: int) -> list[tuple[bool, str]]:
+    """(ok, message) checks of the engine, dtype, prompt template and reward worker count."""
+    return [
+        (reward_workers >= 0, "--reward-workers must be >= 0"),
+        (engine in ENGINES, f"unknown --engine {engine!r}; choose one of {', '.join(ENGINES)}"),
+        (dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown --dtype {dtype!r}"),
+        (template in ("auto", "chat", "plain"), f"unknown --template {template!r}"),
+    ]
+
+
+def raise_first_failure(checks: list[tuple[bool, str]]) -> None:
+    """UserError with the message of the first failed check."""
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)
+
+
+def encode_prompts(
+    tokenizer, problems: list[Problem], template: Literal["chat", "plain"]
+) -> tuple[list[str], list[list[int]]]:
+    """Each problem's prompt text and token ids."""
+    texts = [format_prompt(tokenizer, p.problem, template) for p in problems]
+    return texts, [encode_prompt(tokenizer, text, template) for text in texts]
+
+
+def max_positions(model_dir: Path) -> int:
+    """The model's context length (``max_position_embeddings``, 4096 when the config has none)."""
+    from transformers import AutoConfig
+
+    return int(getattr(AutoConfig.from_pretrained(str(model_dir)), "max_position_embeddings", 4096))
+
+
+def prompt_token_limit(model_dir: Path, max_tokens: int) -> int:
+    """The longest prompt that leaves room for ``max_tokens`` response tokens; UserError when none does."""
+    positions = max_positions(model_dir)
+    limit = positions - max_tokens
+    if limit < 1:
+        raise UserError(f"--max-tokens {max_tokens} leaves no room for a prompt (model: {positions})")
+    return limit
+
+
+def sample_and_score(
+    engine: Engine,
+    tokenizer,
+    scorer: RewardScorer,
+    problems: list[Problem],
+    prompt_ids: list[list[int]],
+    sampling: SamplingSettings,
+    batch_prompts: int,
+) -> Iterator[ScoredBatch]:
+    """Sample ``sampling.m`` responses per problem, decode and score them, one batch at a time, in order.
+
+    Each problem samples from ``prompt_seed(sampling.seed, prompt_id)``, so its responses do not depend
+    on batching. The rewards of a batch are computed by the scorer's workers while the engine samples
+    the next batch.
+    """
+    pending = None
+    for start in range(0, len(problems), batch_prompts):
+        batch_problems = problems[start : start + batch_prompts]
+        samples = engine.generate(
+            prompt_ids[start : start + batch_prompts],
+            [prompt_seed(sampling.seed, p.prompt_id) for p in batch_problems],
+            sampling,
+        )
+        responses = [
+            [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in group] for group in samples
+        ]
+        pairs = [
+            (text, p.answer) for p, group in zip(batch_problems, responses, strict=True) for text in group
+        ]
+        handle = scorer.submit(pairs)
+        if pending is not None:
+            yield _scored(*pending)
+        pending = (start, batch_problems, samples, responses, handle)
+    if pending is not None:
+        yield _scored(*pending)
+
+
+def _scored(start, problems, samples, responses, handle) -> ScoredBatch:
+    return ScoredBatch(start, problems, samples, responses, handle.get())
+
+
+def reward_description(timeout_s: float) -> dict:
+    """What a pool's metadata and an evaluation report record about the reward."""
+    return {
+        "extraction_rule": EXTRACTION_RULE,
+        "description": EXTRACTION_RULE_DESCRIPTION,
+        "verifier": f"math-verify {_package_version('math-verify')}",
+        "timeout_s": timeout_s,
+    }
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"

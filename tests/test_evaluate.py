@@ -1,0 +1,159 @@
+"""Evaluation: pass@k against brute force, the problem-weighted suite by hand, settings from a pool, and
+end-to-end runs on the tiny model (library with the session vLLM engine, CLI with the hf engine)."""
+
+import itertools
+import json
+import math
+from dataclasses import replace
+from fractions import Fraction
+
+import pytest
+from conftest import write_synthetic_pool
+from test_cli import assert_one_error_line, ggpo
+
+from ggpo_offline.errors import UserError
+from ggpo_offline.evaluate import EvalConfig, aggregate, evaluate, pass_at_k, reported_ks, resolve_sampling
+
+
+def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
+    """The fraction of size-k subsets of n samples (the first c correct) holding a correct one."""
+    subsets = list(itertools.combinations(range(n), k))
+    return Fraction(sum(any(i < c for i in subset) for subset in subsets), len(subsets))
+
+
+def test_pass_at_k_equals_the_average_over_all_size_k_subsets():
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                expected = brute_force_pass_at_k(n, c, k)
+                assert pass_at_k(n, c, k) == pytest.approx(float(expected), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_edge_cases():
+    assert pass_at_k(8, 0, 1) == 0.0 and pass_at_k(8, 0, 8) == 0.0
+    assert pass_at_k(8, 8, 1) == 1.0 and pass_at_k(8, 8, 8) == 1.0
+    assert pass_at_k(8, 3, 6) == 1.0  # k > n - c: every k-subset holds a correct sample
+    assert pass_at_k(8, 3, 5) == pytest.approx(1 - 1 / 56, abs=1e-15)  # 1 - C(5,5)/C(8,5)
+    assert pass_at_k(32, 5, 1) == pytest.approx(5 / 32, abs=1e-15)  # pass@1 = mean@n = c/n
+    # Large n: the product form stays exact where C(n, k) has hundreds of digits.
+    exact = 1 - Fraction(math.comb(997, 500), math.comb(1000, 500))
+    assert pass_at_k(1000, 3, 500) == pytest.approx(float(exact), abs=1e-12)
+    for bad in [(0, 0, 1), (4, 5, 1), (4, -1, 1), (4, 2, 0), (4, 2, 5)]:
+        with pytest.raises(ValueError):
+            pass_at_k(*bad)
+
+
+def test_suite_is_problem_weighted_not_the_mean_of_benchmark_means():
+    counts = {"A": {"a1": 4, "a2": 0}, "B": {f"b{i}": c for i, c in enumerate([0, 0, 0, 0, 1, 2])}}
+    report = aggregate(counts, n=4, ks=(1, 2, 8))
+    a, b, suite = report["benchmarks"]["A"], report["benchmarks"]["B"], report["suite"]
+    assert (a["num_problems"], b["num_problems"], suite["num_problems"]) == (2, 6, 8)
+    assert a["mean@n"] == pytest.approx(4 / 8, abs=1e-15)
+    assert b["mean@n"] == pytest.approx(3 / 24, abs=1e-15)
+    assert suite["mean@n"] == pytest.approx(7 / 32, abs=1e-15)  # (4 + 0 + 0 + 0 + 0 + 0 + 1 + 2) / (8 * 4)
+    assert suite["mean@n"] != pytest.approx((a["mean@n"] + b["mean@n"]) / 2)  # 0.3125
+    # pass@2 with n = 4: c=0 -> 0, c=1 -> 1 - 3/6, c=2 -> 1 - 1/6, c=4 -> 1.
+    assert a["pass@2"] == pytest.approx((1 + 0) / 2, abs=1e-15)
+    assert b["pass@2"] == pytest.approx((1 / 2 + 5 / 6) / 6, abs=1e-15)
+    assert suite["pass@2"] == pytest.approx((1 + 1 / 2 + 5 / 6) / 8, abs=1e-15)
+    assert suite["pass@1"] == suite["mean@n"]
+    assert "pass@8" not in suite and reported_ks((8, 1, 2, 1), 4) == [1, 2]
+    assert a["counts"] == counts["A"]
+
+
+def test_sampling_settings_come_from_the_pool_unless_given(tmp_path):
+    meta = {
+        "schema_version": 1,
+        "sampling": {"m": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_tokens": 96, "seed": 3},
+        "prompt_template": {"kind": "chat"},
+    }
+    pool = write_synthetic_pool(tmp_path / "p.parquet", metadata=meta)
+    sampling, template = resolve_sampling(EvalConfig(pool=pool, n=16, seed=5))
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens) == (0.7, 0.9, 20, 96)
+    assert (sampling.m, sampling.seed, template) == (16, 5, "chat")
+    sampling, template = resolve_sampling(EvalConfig(pool=pool, temperature=1.0, top_k=0, template="plain"))
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens) == (1.0, 0.9, 0, 96)
+    assert template == "plain"
+    sampling, template = resolve_sampling(EvalConfig(max_tokens=64))
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens) == (1.0, 1.0, 0, 64)
+    assert (sampling.m, template) == (32, "auto")
+    bare = write_synthetic_pool(tmp_path / "bare.parquet")
+    with pytest.raises(UserError, match="no sampling.temperature"):
+        resolve_sampling(EvalConfig(pool=bare))
+    with pytest.raises(UserError, match="no such pool file"):
+        resolve_sampling(EvalConfig(pool=tmp_path / "missing.parquet"))
+
+
+def test_bad_benchmark_lists_fail_before_any_model_is_loaded(tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "x.jsonl").write_text(json.dumps({"problem": "1 + 1?", "answer": "2"}) + "\n")
+    specs = (str(tmp_path / "a" / "x.jsonl"), str(tmp_path / "b" / "x.jsonl"))
+    with pytest.raises(UserError, match="both named 'x'"):
+        evaluate(EvalConfig(datasets=specs, model=str(tmp_path / "no-model")))
+    with pytest.raises(UserError, match="given twice"):
+        evaluate(EvalConfig(datasets=("arith:test", "arith:test")))
+    with pytest.raises(UserError, match="-k values must be >= 1"):
+        evaluate(EvalConfig(ks=(1, -2)))
+
+
+@pytest.mark.vllm
+def test_evaluate_end_to_end_with_vllm(vllm_engine, tmp_path):
+    data = tmp_path / "mini.jsonl"
+    rows = [{"problem": "What is 2 + 3?", "answer": "5"}, {"problem": "What is 7 - 4?", "answer": "3"}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = EvalConfig(
+        datasets=("arith:test", str(data)),
+        num_problems=4,
+        n=4,
+        ks=(1, 2, 4, 8),
+        max_tokens=64,
+        seed=11,
+        reward_workers=0,
+        batch_prompts=4,
+        out=tmp_path / "report.json",
+    )
+    seen = []
+    report = evaluate(config, engine=vllm_engine, on_progress=lambda p: seen.append(p.problems_done))
+    assert seen == [4, 6]
+    assert json.loads(config.out.read_text()) == report
+    assert list(report["benchmarks"]) == ["arith-test", "mini"] and report["ks"] == [1, 2, 4]
+    sizes = {"arith-test": 4, "mini": 2}
+    for name, bench in report["benchmarks"].items():
+        counts = bench["counts"]
+        assert len(counts) == bench["num_problems"] == sizes[name]
+        assert all(isinstance(c, int) and 0 <= c <= 4 for c in counts.values())
+        assert bench["mean@n"] == pytest.approx(sum(counts.values()) / (4 * len(counts)), abs=1e-12)
+        assert bench["pass@1"] == pytest.approx(bench["mean@n"], abs=1e-12)
+        assert bench["mean@n"] <= bench["pass@2"] <= bench["pass@4"]
+    recomputed = aggregate(
+        {k: b["counts"] for k, b in report["benchmarks"].items()}, report["n"], report["ks"]
+    )
+    assert recomputed["suite"] == report["suite"] and report["suite"]["num_problems"] == 6
+    settings = report["settings"]
+    assert settings["engine"]["name"] == "vllm" and len(settings["model"]["weights_sha256"]) == 64
+    assert settings["sampling"]["m"] == 4 and settings["sampling"]["max_tokens"] == 64
+
+    again = evaluate(replace(config, out=None), engine=vllm_engine)  # the engine was left running
+    assert {k: v for k, v in again.items() if k != "run"} == {k: v for k, v in report.items() if k != "run"}
+
+
+def test_eval_command_with_the_hf_engine(tmp_path):
+    out = tmp_path / "report.json"
+    args = ["eval", "--engine", "hf", "--num-problems", "3", "-n", "2", "-k", "1,2", "--max-tokens", "48"]
+    result = ggpo(*args, "--reward-workers", "0", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "arith-test" in result.stdout and "suite" in result.stdout and "pass@2" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["n"] == 2 and report["ks"] == [1, 2]
+    assert len(report["benchmarks"]["arith-test"]["counts"]) == 3
+    assert report["settings"]["engine"]["name"] == "hf"
+
+    before = out.read_bytes()
+    assert_one_error_line(ggpo(*args, "--out", str(out)), "already exists; pass --overwrite")
+    assert out.read_bytes() == before
+
+
+def test_eval_command_bad_flags_are_one_line(tmp_path):
+    assert_one_error_line(ggpo("eval", "-k", "0"), "-k values must be >= 1, got 0")
+    assert_one_error_line(ggpo("eval", "--dataset", str(tmp_path / "none.jsonl")), "dataset file not found")
