@@ -266,7 +266,6 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     on_update: Callable[[int, dict], None] | None = None,
-    tracker_factory: Callable[..., object] | None = None,
 ) -> TrainResult:
     """Train ``config.method`` on the pool's planned minibatches; see TrainConfig for every setting."""
     from ggpo_offline import tracking
@@ -303,8 +302,7 @@ def train(
     metrics_path = run_dir / METRICS_FILE
     history = _read_metrics(metrics_path, trainer.update)
 
-    start = tracker_factory or tracking.start_tracking
-    tracker = start(
+    tracker = tracking.start_tracking(
         experiment=config.experiment or pool.stem,
         run_name=config.run_name,
         tracking_uri=config.tracking_uri,
