@@ -145,7 +145,7 @@ class EvalProgress(_LazyProgress):
             progress.problems_done,
             progress.problems_total,
             rate=f"problems  {rate:.0f} responses/s",
-            correct=f"correct {progress.mean_correct:.3f}",
+            correct=f"correct {progress.mean_reward:.3f}",
         )
 
 

@@ -3,9 +3,8 @@
 import json
 import math
 import os
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from ggpo_offline.problems import Problem
 from ggpo_offline.prompts import Template, resolve_template, template_description
 from ggpo_offline.rewards import RewardScorer
 from ggpo_offline.rollout import (
+    RolloutTotals,
     encode_prompts,
     engine_checks,
     prompt_token_limit,
@@ -90,22 +90,11 @@ class EvalConfig:
 
 
 @dataclass
-class EvalProgress:
-    """Running totals reported after every engine call."""
+class EvalProgress(RolloutTotals):
+    """Running totals reported after every engine call (``mean_reward`` = fraction correct so far)."""
 
     problems_done: int = 0
     problems_total: int = 0
-    responses: int = 0
-    correct: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def mean_correct(self) -> float:
-        return self.correct / self.responses if self.responses else 0.0
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
 
 
 @dataclass(frozen=True)
@@ -266,7 +255,7 @@ def _count_correct(engine, tokenizer, benchmarks, sampling, config, on_progress)
                 group = batch.results[offset * sampling.m : (offset + 1) * sampling.m]
                 correct = sum(result.reward == 1.0 for result in group)
                 counts[owner[batch.start + offset]][problem.prompt_id] = correct
-                progress.correct += correct
+                progress.reward_sum += correct
             progress.problems_done += len(batch.problems)
             progress.responses += len(batch.results)
             if on_progress is not None:

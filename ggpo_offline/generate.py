@@ -1,6 +1,5 @@
 """Stage one: sample m responses per prompt, score them, and stream them into a Parquet pool."""
 
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -16,6 +15,7 @@ from ggpo_offline.pool.writer import PoolWriter, check_output_path
 from ggpo_offline.prompts import Template, resolve_template, template_description
 from ggpo_offline.rewards import RewardScorer
 from ggpo_offline.rollout import (
+    RolloutTotals,
     ScoredBatch,
     encode_prompts,
     engine_checks,
@@ -60,26 +60,15 @@ class GenerateConfig:
 
 
 @dataclass
-class Progress:
+class Progress(RolloutTotals):
     """Running totals reported after every batch."""
 
     prompts_done: int = 0
     prompts_total: int = 0
     groups_kept: int = 0
     mixed_groups: int = 0
-    responses: int = 0
-    reward_sum: float = 0.0
     tokens: int = 0
     truncated: int = 0
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def mean_reward(self) -> float:
-        return self.reward_sum / self.responses if self.responses else 0.0
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
 
 
 def _validate_settings(config: GenerateConfig) -> None:

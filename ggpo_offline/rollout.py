@@ -1,7 +1,8 @@
 """Problems in, scored samples out: the steps shared by pool generation and evaluation."""
 
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -10,6 +11,23 @@ from ggpo_offline.errors import UserError
 from ggpo_offline.problems import Problem
 from ggpo_offline.prompts import encode_prompt, format_prompt
 from ggpo_offline.rewards import EXTRACTION_RULE, EXTRACTION_RULE_DESCRIPTION, RewardResult, RewardScorer
+
+
+@dataclass
+class RolloutTotals:
+    """Responses scored so far and since when; the progress of generation and of evaluation extend it."""
+
+    responses: int = 0
+    reward_sum: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def mean_reward(self) -> float:
+        return self.reward_sum / self.responses if self.responses else 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
 
 
 @dataclass(frozen=True)
