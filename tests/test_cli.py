@@ -156,6 +156,26 @@ def test_train_command_end_to_end_with_mlflow(vllm_pool, tmp_path):
     series = read_metric_series(uri, run_id)
     assert [value for _, value in series["mismatch/drift"]] == [r["mismatch/drift"] for r in records]
     assert_one_error_line(ggpo(*args, cwd=tmp_path), "already exists; pass --resume")
+    # The final checkpoint is a Hugging Face folder that vLLM loads: sample a small pool from it.
+    sampled = tmp_path / "from-checkpoint.parquet"
+    result = ggpo(
+        "generate-pool",
+        "--model",
+        str(out / "final"),
+        "--num-prompts",
+        "3",
+        "-m",
+        "2",
+        "--max-tokens",
+        "32",
+        "--out",
+        str(sampled),
+        "--reward-workers",
+        "0",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert ggpo("pool", "validate", str(sampled)).returncode == 0
     assert_one_error_line(
         ggpo("train", "--pool", str(vllm_pool), "--method", "ppo", cwd=tmp_path), "unknown method 'ppo'"
     )
