@@ -178,3 +178,22 @@ def test_mixed_only_keeps_only_groups_with_some_right_and_some_wrong(vllm_pool, 
     assert sorted(mixed["group_id"].unique().to_list()) == expected
     assert mixed.equals(full.filter(pl.col("group_id").is_in(expected)))
     assert read_pool_metadata(config.out)["counts"]["groups"] == len(expected)
+
+
+def test_hf_same_seed_same_pool(tmp_path):
+    from ggpo_offline.generate import GenerateConfig, generate_pool
+
+    def pool(name: str, seed: int):
+        config = GenerateConfig(
+            num_prompts=4,
+            sampling=SamplingSettings(m=2, max_tokens=32, seed=seed),
+            engine="hf",
+            dtype="float32",
+            out=tmp_path / name,
+            reward_workers=0,
+        )
+        return pq.read_table(generate_pool(config))
+
+    first = pool("a.parquet", seed=5)
+    assert first.equals(pool("b.parquet", seed=5))
+    assert not first.equals(pool("c.parquet", seed=6))
