@@ -191,3 +191,13 @@ def test_train_command_end_to_end_with_mlflow(vllm_pool, tmp_path):
         ),
         "no such pool file",
     )
+
+
+def test_every_library_package_is_listed_for_installation():
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(path.parent.relative_to(REPO).parts) for path in (REPO / "ggpo_offline").rglob("__init__.py")
+    }
+    assert found | {"ggpo_cli"} == listed
