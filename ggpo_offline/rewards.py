@@ -24,8 +24,6 @@ EXTRACTION_RULE_DESCRIPTION = (
     "the content is compared with the gold answer by math-verify (parse + verify)"
 )
 
-STATUSES = ("ok", "no_box", "timeout", "error")
-
 # The pool is judged stalled when no item finishes for this long (the larger of the two): the soft
 # (signal) timeout can miss a computation stuck in C code, and a worker that dies loses its task. Generous,
 # because on a busy machine (vLLM sharing 2 cores) healthy workers can be slow.

@@ -3,7 +3,6 @@
 import json
 import logging
 import math
-import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -21,6 +20,7 @@ from transformers import (
 
 from ggpo_offline.arith import arith_items
 from ggpo_offline.prompts import encode_prompt, format_prompt
+from ggpo_offline.rewards import last_boxed_content as last_boxed  # the pool's extraction rule
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,6 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 CHARACTERS = tuple(chr(code) for code in range(0x20, 0x7F)) + ("\n",)
 MAX_LENGTH = 512
 IGNORE_INDEX = -100
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
 def tiny_model_dir() -> Path:
@@ -224,12 +223,6 @@ def build_tiny_model(
         "parameters": sum(parameter.numel() for parameter in model.parameters()),
         **stats,
     }
-
-
-def last_boxed(text: str) -> str | None:
-    r"""The content of the last ``\boxed{...}`` (no nested braces: the arith answers are plain integers)."""
-    matches = _BOXED.findall(text)
-    return matches[-1] if matches else None
 
 
 @torch.no_grad()
