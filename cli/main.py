@@ -121,6 +121,18 @@ def train(
     allow_tokenizer_mismatch: bool = typer.Option(
         None, "--allow-tokenizer-mismatch", help="Train a model whose tokenizer differs from the pool's."
     ),
+    eval_every: int = typer.Option(
+        None, help="Evaluate at update 0, every N updates and at the end [default: no evaluation]."
+    ),
+    eval_dataset: list[str] = typer.Option(
+        None, help="Evaluation benchmark, as ggpo eval --dataset (repeatable) [default: arith:test]."
+    ),
+    eval_n: int = typer.Option(None, help="Responses per evaluation problem [default: 32; tiny: 8]."),
+    eval_k: str = typer.Option(None, help="Comma-separated k of the logged pass@k [default: 1,4,8,16,32]."),
+    eval_num_problems: int = typer.Option(
+        None, help="Problems per evaluation benchmark [default: arith 500 (tiny 200), files all rows]."
+    ),
+    eval_engine: str = typer.Option(None, help="Evaluation engine: vllm or hf [default: vllm]."),
 ) -> None:
     """Replay a pool deterministically through one learner, logging drift, K3 and ESS to MLflow."""
     from ggpo_offline.train.config import resolve_config
@@ -149,10 +161,22 @@ def train(
         experiment=experiment,
         no_tracking=no_tracking,
         allow_tokenizer_mismatch=allow_tokenizer_mismatch,
+        eval_every=eval_every,
+        eval_datasets=tuple(eval_dataset) if eval_dataset else None,
+        eval_n=eval_n,
+        eval_ks=None if eval_k is None else _ks(eval_k),
+        eval_num_problems=eval_num_problems,
+        eval_engine=eval_engine,
     )
     render.print_config(resolved)
     with render.TrainingProgress(resolved.updates) as progress:
-        result = run(resolved, resume=resume, overwrite=overwrite, on_update=progress.update)
+        result = run(
+            resolved,
+            resume=resume,
+            overwrite=overwrite,
+            on_update=progress.update,
+            on_eval=progress.evaluated,
+        )
     render.print_training_result(result)
 
 
@@ -194,7 +218,9 @@ def evaluate(
     max_tokens: int = typer.Option(None, help="Response length limit [default: the pool's, else 128]."),
     seed: int = typer.Option(0, help="Global sampling seed (each problem derives its own)."),
     engine: str = typer.Option("vllm", help="Generation engine: vllm or hf."),
-    dtype: str = typer.Option("auto", help="Engine dtype: auto, float32, bfloat16, float16."),
+    dtype: str = typer.Option(
+        None, help="Engine dtype: auto, float32, bfloat16, float16 [default: the pool's, else auto]."
+    ),
     template: str = typer.Option(
         None, help="Prompt format: auto, chat or plain [default: the pool's, else auto]."
     ),
@@ -234,10 +260,79 @@ def evaluate(
 
 
 def _ks(value: str) -> tuple[int, ...]:
+    return _numbers(value, "-k")
+
+
+def _numbers(value: str, flag: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in value.split(",") if part.strip())
     except ValueError:
-        raise UserError(f"-k must be comma-separated whole numbers, got {value!r}") from None
+        raise UserError(f"{flag} must be comma-separated whole numbers, got {value!r}") from None
+
+
+@app.command("compare")
+def compare(
+    pool: Path = typer.Option(Path("pools/base.parquet"), help="Pool every run replays."),
+    methods: str = typer.Option("grpo,grpo-tis,agro,ggpo", help="Comma-separated learners."),
+    seeds: str = typer.Option("42,1234,2027", help="Comma-separated training seeds."),
+    preset: str = typer.Option(None, help="Training preset of every run: paper-offline or tiny."),
+    config: Path = typer.Option(None, help="TOML/YAML/JSON file of training settings shared by all runs."),
+    updates: int = typer.Option(None, help="U: optimizer updates of every run."),
+    groups_per_batch: int = typer.Option(None, help="G: groups per minibatch."),
+    lr: float = typer.Option(None, help="AdamW learning rate."),
+    micro_batch_size: int = typer.Option(None, help="Responses per forward/backward (multiple of m)."),
+    threads: int = typer.Option(None, help="CPU threads for torch."),
+    eval_every: int = typer.Option(None, help="Evaluate every N updates [default: U/5, as the paper]."),
+    eval_dataset: list[str] = typer.Option(
+        None, help="Evaluation benchmark, as ggpo eval --dataset (repeatable) [default: arith:test]."
+    ),
+    eval_n: int = typer.Option(None, help="Responses per evaluation problem [default: 32; tiny: 8]."),
+    eval_k: str = typer.Option(None, help="Comma-separated k of pass@k [default: 1,4,8,16,32]."),
+    eval_num_problems: int = typer.Option(None, help="Problems per evaluation benchmark."),
+    eval_engine: str = typer.Option(None, help="Evaluation engine: vllm or hf [default: vllm]."),
+    out: Path = typer.Option(None, help="Report folder [default: reports/<pool name>/]."),
+    rerun: bool = typer.Option(False, "--rerun", help="Train every run again instead of reusing it."),
+    tracking_uri: str = typer.Option(
+        None, help="MLflow store [default: $MLFLOW_TRACKING_URI or sqlite:///mlruns.db]."
+    ),
+    experiment: str = typer.Option(None, help="MLflow experiment [default: the pool's name]."),
+    no_tracking: bool = typer.Option(None, "--no-tracking", help="Run without MLflow."),
+) -> None:
+    """Train every method x seed on one pool with one data plan per seed; write tables and figures."""
+    from ggpo_offline.compare import CompareConfig
+    from ggpo_offline.compare import compare as run
+
+    settings = {
+        "updates": updates,
+        "groups_per_batch": groups_per_batch,
+        "lr": lr,
+        "micro_batch_size": micro_batch_size,
+        "threads": threads,
+        "eval_every": eval_every,
+        "eval_datasets": tuple(eval_dataset) if eval_dataset else None,
+        "eval_n": eval_n,
+        "eval_ks": None if eval_k is None else _ks(eval_k),
+        "eval_num_problems": eval_num_problems,
+        "eval_engine": eval_engine,
+        "tracking_uri": tracking_uri,
+        "experiment": experiment,
+        "no_tracking": no_tracking,
+    }
+    compare_config = CompareConfig(
+        pool=pool,
+        methods=tuple(part.strip() for part in methods.split(",") if part.strip()),
+        seeds=_numbers(seeds, "--seeds"),
+        preset=preset,
+        config_file=config,
+        settings={k: v for k, v in settings.items() if v is not None},
+        out=out,
+        rerun=rerun,
+    )
+    with render.CompareProgress() as progress:
+        result = run(
+            compare_config, on_run=progress.start_run, on_update=progress.update, on_eval=progress.evaluated
+        )
+    render.print_compare_result(result)
 
 
 @app.command("build-tiny-model")

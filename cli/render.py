@@ -127,6 +127,25 @@ class TrainingProgress(_LazyProgress):
         )
         self._report(update + 1, self.updates, info=info)
 
+    def evaluated(self, update: int, report: dict) -> None:
+        """One line per evaluation, above the bar (stderr, like the bar)."""
+        console.print(f"eval at update {update}: {eval_line(report)}")
+
+
+def eval_line(report: dict) -> str:
+    """``arith-test mean@8 31.2%  pass@8 70.0%`` for every benchmark (and the suite when several)."""
+    n, top_k = report["n"], report["ks"][-1] if report["ks"] else None
+    scopes = dict(report["benchmarks"])
+    if len(scopes) > 1:
+        scopes["suite"] = report["suite"]
+    parts = []
+    for name, scores in scopes.items():
+        part = f"{name} mean@{n} {100 * scores['mean@n']:.1f}%"
+        if top_k is not None and top_k > 1:
+            part += f"  pass@{top_k} {100 * scores[f'pass@{top_k}']:.1f}%"
+        parts.append(part)
+    return "   ".join(parts)
+
 
 def print_training_result(result) -> None:
     stdout.print(f"final model: {result.final_model}")
@@ -174,3 +193,33 @@ def print_eval_report(report: dict, out=None) -> None:
     stdout.print(table)
     if out is not None:
         stdout.print(f"report: {out}")
+
+
+class CompareProgress(TrainingProgress):
+    """One line per run (what compare does with it), then that run's training bar and evaluations."""
+
+    def __init__(self):
+        super().__init__(updates=0)
+
+    def start_run(self, position: int, total: int, run) -> None:
+        verb = {"reuse": "reusing", "resume": "resuming", "train": "training", "replace": "retraining"}
+        console.print(
+            f"[{position + 1}/{total}] {run.config.run_name}: {verb[run.action]} ({run.config.run_dir})"
+        )
+        self.updates = run.config.updates
+        self.label = run.config.run_name
+        if self._bar is not None:  # a fresh bar per run
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+def print_compare_result(result) -> None:
+    for seed, fingerprint in result.data_plans.items():
+        runs = sum(record.seed == seed for record in result.records)
+        stdout.print(f"seed {seed}: data-order fingerprint {fingerprint} shared by all {runs} runs")
+    stdout.print((result.report_dir / "table.md").read_text())
+    stdout.print(
+        f"report: {result.report_dir}/README.md (table.md, table.csv, figure.png and one PNG per panel)"
+    )
+    if result.parent_run_id is not None:
+        stdout.print(f"MLflow parent run: {result.parent_run_id}")

@@ -12,7 +12,7 @@ from ggpo_offline import __version__
 from ggpo_offline.datasets import load_dataset
 from ggpo_offline.engines import Engine, SamplingSettings, load_engine
 from ggpo_offline.errors import UserError
-from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, weights_sha256
+from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_sha256, weights_sha256
 from ggpo_offline.pool.schema import read_pool_metadata
 from ggpo_offline.problems import Problem
 from ggpo_offline.prompts import Template, resolve_template, template_description
@@ -27,6 +27,7 @@ from ggpo_offline.rollout import (
     sample_and_score,
     sampling_checks,
 )
+from ggpo_offline.tiny import tiny_model_dir
 
 DEFAULT_DATASETS = ("arith:test",)
 DEFAULT_KS = (1, 4, 8, 16, 32)
@@ -59,8 +60,8 @@ class EvalConfig:
     ks: tuple[int, ...] = DEFAULT_KS
     """The k of each pass@k; those above ``n`` are not reported."""
     pool: Path | None = None
-    """A pool whose sampling settings (temperature, top-p, top-k, max-tokens) and prompt template are
-    the defaults, so a model is evaluated as the pool was sampled."""
+    """A pool whose sampling settings (temperature, top-p, top-k, max-tokens), prompt template and
+    engine dtype are the defaults, so a model is evaluated as the pool was sampled."""
     temperature: float | None = None
     """Sampling temperature; None = the pool's, else 1.0."""
     top_p: float | None = None
@@ -75,8 +76,9 @@ class EvalConfig:
     """Prompt format (auto, chat or plain); None = the pool's, else auto."""
     engine: str = "vllm"
     """Generation engine: vllm or hf."""
-    dtype: str = "auto"
-    """Engine weight dtype: auto (engine's choice), float32, bfloat16 or float16."""
+    dtype: str | None = None
+    """Engine weight dtype: auto (engine's choice), float32, bfloat16 or float16; None = the pool's
+    (the dtype its responses were sampled in), else auto."""
     reward_workers: int = 2
     """Worker processes for math-verify (0 = in-process)."""
     reward_timeout_s: float = 5.0
@@ -150,16 +152,17 @@ def _scores(correct: list[int], n: int, ks: list[int]) -> dict:
     return scores
 
 
-def resolve_sampling(config: EvalConfig) -> tuple[SamplingSettings, Template]:
-    """The sampling settings (``m = n``) and template used: each field given in ``config`` wins, then
-    the pool's value when ``config.pool`` is set, then the default."""
+def resolve_sampling(config: EvalConfig) -> tuple[SamplingSettings, Template, str]:
+    """The sampling settings (``m = n``), template and engine dtype used: each field given in ``config``
+    wins, then the pool's value when ``config.pool`` is set, then the default."""
     defaults = SamplingSettings()
-    values: dict = {name: getattr(defaults, name) for name in POOL_SETTINGS} | {"template": "auto"}
+    values: dict = {name: getattr(defaults, name) for name in POOL_SETTINGS}
+    values |= {"template": "auto", "dtype": "auto"}
     if config.pool is not None:
         values |= _pool_settings(Path(config.pool))
     values |= {name: getattr(config, name) for name in values if getattr(config, name) is not None}
-    template = values.pop("template")
-    return SamplingSettings(m=config.n, seed=config.seed, **values), template
+    template, dtype = values.pop("template"), values.pop("dtype")
+    return SamplingSettings(m=config.n, seed=config.seed, **values), template, dtype
 
 
 def _pool_settings(pool: Path) -> dict:
@@ -171,12 +174,14 @@ def _pool_settings(pool: Path) -> dict:
     missing = [f"sampling.{name}" for name in POOL_SETTINGS if name not in sampling]
     if template is None:
         missing.append("prompt_template.kind")
+    if "dtype" not in meta:
+        missing.append("dtype")
     if missing:
         raise UserError(f"{pool}: the pool metadata has no {', '.join(missing)}")
-    return {name: sampling[name] for name in POOL_SETTINGS} | {"template": template}
+    return {name: sampling[name] for name in POOL_SETTINGS} | {"template": template, "dtype": meta["dtype"]}
 
 
-def _validate(config: EvalConfig, sampling: SamplingSettings, template: str) -> None:
+def _validate(config: EvalConfig, sampling: SamplingSettings, template: str, dtype: str) -> None:
     bad_ks = [k for k in config.ks if k < 1]
     raise_first_failure(
         sampling_checks(sampling, "-n")
@@ -187,8 +192,119 @@ def _validate(config: EvalConfig, sampling: SamplingSettings, template: str) -> 
             (config.num_problems is None or config.num_problems >= 1, "--num-problems must be >= 1"),
             (config.batch_prompts >= 1, "batch_prompts must be >= 1"),
         ]
-        + engine_checks(config.engine, config.dtype, template, config.reward_workers)
+        + engine_checks(config.engine, dtype, template, config.reward_workers)
     )
+
+
+class Evaluator:
+    """One evaluation protocol (benchmarks, sampling, reward) applied to one model after another.
+
+    Benchmarks are loaded and tokenized once and the engine is started once, on the first model; each
+    later model's weights are loaded into the running engine. A model whose weights were already
+    evaluated (same sha256) is not sampled again: the protocol is deterministic, so the counts are reused.
+    """
+
+    def __init__(self, config: EvalConfig, engine: Engine | None = None):
+        """``engine`` borrows an already started engine holding ``config.model``: it is left running,
+        with those weights loaded again. By default the engine named in ``config`` is started on first
+        use and closed by ``close``."""
+        self.config = config
+        self.sampling, self.template_choice, self.dtype = resolve_sampling(config)
+        _validate(config, self.sampling, self.template_choice, self.dtype)
+        self.datasets = [load_dataset(spec, **_dataset_kwargs(config, spec)) for spec in config.datasets]
+        self.names = _benchmark_names([meta for _, meta in self.datasets])
+        self._engine = engine
+        self._owns_engine = engine is None
+        self._engine_model = None if engine is None else resolve_model_dir(config.model)
+        self._borrowed_model = self._engine_model
+        self._tokenizer = None
+        self._benchmarks: list[_Benchmark] = []
+        self._scorer: RewardScorer | None = None  # kept across models: its workers take seconds to start
+        self._done: dict[str, tuple] = {}
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def evaluate(
+        self,
+        model: str | Path | None = None,
+        on_progress: Callable[[EvalProgress], None] | None = None,
+    ) -> dict:
+        """The JSON-serializable report of ``model`` (a local folder; None = ``config.model``)."""
+        model_dir = resolve_model_dir(self.config.model if model is None else str(model))
+        weights = weights_sha256(model_dir)
+        self._prepare(model_dir)
+        if weights not in self._done:
+            self._load(model_dir)
+            if self._scorer is None:
+                self._scorer = RewardScorer(self.config.reward_workers, self.config.reward_timeout_s)
+            counts, reward, progress = _count_correct(
+                self._engine,
+                self._tokenizer,
+                self._scorer,
+                self._benchmarks,
+                self.sampling,
+                self.config,
+                on_progress,
+            )
+            self._done[weights] = (counts, reward, progress.elapsed_s, self._engine.describe())
+        counts, reward, seconds, described = self._done[weights]
+        return _report(
+            self.config,
+            counts,
+            self._benchmarks,
+            self.sampling,
+            model_dir,
+            weights,
+            self._template,
+            described,
+            reward,
+            seconds,
+        )
+
+    def close(self) -> None:
+        """Stop the reward workers and the engine, or give a borrowed engine its first weights back."""
+        if self._scorer is not None:
+            self._scorer.close()
+            self._scorer = None
+        if self._engine is not None:
+            if self._owns_engine:
+                self._engine.close()
+            elif self._engine_model != self._borrowed_model:
+                self._engine.load_weights(self._borrowed_model)
+        self._engine = None
+
+    def _prepare(self, model_dir: Path) -> None:
+        """Tokenize the benchmarks with the first model's tokenizer; later models must share it."""
+        tokenizer = load_tokenizer(model_dir)
+        if self._tokenizer is not None:
+            if tokenizer_sha256(tokenizer) != tokenizer_sha256(self._tokenizer):
+                raise UserError(f"{model_dir} has a different tokenizer than the models evaluated before it")
+            return
+        self._tokenizer = tokenizer
+        self._template = resolve_template(tokenizer, self.template_choice)
+        prompt_limit = prompt_token_limit(model_dir, self.sampling.max_tokens)
+        self._benchmarks = [
+            _benchmark(name, problems, meta, tokenizer, self._template, prompt_limit)
+            for name, (problems, meta) in zip(self.names, self.datasets, strict=True)
+        ]
+
+    def _load(self, model_dir: Path) -> None:
+        if self._engine is None:
+            longest = max(len(ids) for b in self._benchmarks for ids in b.prompt_ids)
+            self._engine = load_engine(
+                self.config.engine,
+                model_dir,
+                self.dtype,
+                longest + self.sampling.max_tokens,
+                self.sampling.seed,
+            )
+        elif self._engine_model != model_dir:
+            self._engine.load_weights(model_dir)
+        self._engine_model = model_dir
 
 
 def evaluate(
@@ -203,43 +319,16 @@ def evaluate(
     by default the engine named in ``config`` is started here and closed at the end. Raises UserError on
     bad input.
     """
-    sampling, template_choice = resolve_sampling(config)
-    _validate(config, sampling, template_choice)
     if config.out is not None:
         _check_report_path(Path(config.out), config.overwrite)  # before any slow work
-    loaded = [load_dataset(spec, **_dataset_kwargs(config, spec)) for spec in config.datasets]
-    names = _benchmark_names([meta for _, meta in loaded])
-    model_dir = resolve_model_dir(config.model)
-    tokenizer = load_tokenizer(model_dir)
-    template = resolve_template(tokenizer, template_choice)
-    prompt_limit = prompt_token_limit(model_dir, sampling.max_tokens)
-    benchmarks = [
-        _benchmark(name, problems, meta, tokenizer, template, prompt_limit)
-        for name, (problems, meta) in zip(names, loaded, strict=True)
-    ]
-
-    owns_engine = engine is None
-    if owns_engine:
-        longest = max(len(ids) for b in benchmarks for ids in b.prompt_ids)
-        engine = load_engine(
-            config.engine, model_dir, config.dtype, longest + sampling.max_tokens, sampling.seed
-        )
-    try:
-        counts, reward, progress = _count_correct(
-            engine, tokenizer, benchmarks, sampling, config, on_progress
-        )
-        described = engine.describe()
-    finally:
-        if owns_engine:
-            engine.close()
-
-    report = _report(config, counts, benchmarks, sampling, model_dir, template, described, reward, progress)
+    with Evaluator(config, engine) as evaluator:
+        report = evaluator.evaluate(config.model, on_progress)
     if config.out is not None:
-        _write_report(report, Path(config.out))
+        write_json(report, Path(config.out))
     return report
 
 
-def _count_correct(engine, tokenizer, benchmarks, sampling, config, on_progress):
+def _count_correct(engine, tokenizer, scorer, benchmarks, sampling, config, on_progress):
     """Correct responses per problem ``{benchmark: {prompt_id: c}}``, the reward description with its
     timeout/error counts, and the final progress; all benchmarks share one stream of engine calls."""
     problems = [p for b in benchmarks for p in b.problems]
@@ -247,21 +336,21 @@ def _count_correct(engine, tokenizer, benchmarks, sampling, config, on_progress)
     owner = [b.name for b in benchmarks for _ in b.problems]
     counts: dict[str, dict[str, int]] = {b.name: {} for b in benchmarks}
     progress = EvalProgress(problems_total=len(problems))
-    with RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer:
-        for batch in sample_and_score(
-            engine, tokenizer, scorer, problems, prompt_ids, sampling, config.batch_prompts
-        ):
-            for offset, problem in enumerate(batch.problems):
-                group = batch.results[offset * sampling.m : (offset + 1) * sampling.m]
-                correct = sum(result.reward == 1.0 for result in group)
-                counts[owner[batch.start + offset]][problem.prompt_id] = correct
-                progress.reward_sum += correct
-            progress.problems_done += len(batch.problems)
-            progress.responses += len(batch.results)
-            if on_progress is not None:
-                on_progress(progress)
-        reward = reward_description(config.reward_timeout_s)
-        reward.update(timeouts=scorer.timeouts, errors=scorer.errors)
+    timeouts_before, errors_before = scorer.timeouts, scorer.errors
+    for batch in sample_and_score(
+        engine, tokenizer, scorer, problems, prompt_ids, sampling, config.batch_prompts
+    ):
+        for offset, problem in enumerate(batch.problems):
+            group = batch.results[offset * sampling.m : (offset + 1) * sampling.m]
+            correct = sum(result.reward == 1.0 for result in group)
+            counts[owner[batch.start + offset]][problem.prompt_id] = correct
+            progress.reward_sum += correct
+        progress.problems_done += len(batch.problems)
+        progress.responses += len(batch.results)
+        if on_progress is not None:
+            on_progress(progress)
+    reward = reward_description(config.reward_timeout_s)
+    reward.update(timeouts=scorer.timeouts - timeouts_before, errors=scorer.errors - errors_before)
     return counts, reward, progress
 
 
@@ -315,7 +404,9 @@ def _benchmark(name, problems, dataset_meta, tokenizer, template, prompt_limit) 
     )
 
 
-def _report(config, counts, benchmarks, sampling, model_dir, template, described, reward, progress) -> dict:
+def _report(
+    config, counts, benchmarks, sampling, model_dir, weights, template, described, reward, seconds
+) -> dict:
     scores = aggregate(counts, config.n, config.ks)
     for b in benchmarks:
         scores["benchmarks"][b.name].update(dataset=b.dataset, skipped_long_prompts=b.skipped_long_prompts)
@@ -326,8 +417,10 @@ def _report(config, counts, benchmarks, sampling, model_dir, template, described
         "settings": {
             "model": {
                 "path": str(model_dir),
-                "name": config.model or "embedded:tiny",
-                "weights_sha256": weights_sha256(model_dir),
+                "name": "embedded:tiny"
+                if model_dir.resolve() == tiny_model_dir().resolve()
+                else str(model_dir),
+                "weights_sha256": weights,
             },
             "sampling": {
                 **sampling.as_dict(),
@@ -343,9 +436,13 @@ def _report(config, counts, benchmarks, sampling, model_dir, template, described
         },
         "run": {
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "seconds": round(progress.elapsed_s, 2),
+            "seconds": round(seconds, 2),
         },
     }
+
+
+def _model_name(model_dir: Path) -> str:
+    return "embedded:tiny" if model_dir.resolve() == tiny_model_dir().resolve() else str(model_dir)
 
 
 def _check_report_path(path: Path, overwrite: bool) -> None:
@@ -355,7 +452,7 @@ def _check_report_path(path: Path, overwrite: bool) -> None:
         raise UserError(f"{path} already exists; pass --overwrite to replace it")
 
 
-def _write_report(report: dict, path: Path) -> None:
+def write_json(report: dict, path: Path) -> None:
     """Write through a temporary file renamed into place, so no half-written report is left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -203,6 +203,11 @@ def read_metric_series(tracking_uri: str, run_id: str) -> dict[str, list[tuple[i
     }
 
 
+def set_parent(tracking_uri: str, run_id: str, parent_run_id: str) -> None:
+    """Nest an existing run under `parent_run_id` (MLflow keeps the parent as a run tag)."""
+    _client(_absolute_sqlite_uri(tracking_uri)).set_tag(run_id, MLFLOW_PARENT_RUN_ID, parent_run_id)
+
+
 def _client(uri: str) -> MlflowClient:
     # A new SQLite store runs MLflow's schema migrations and says so at INFO: noise for our CLI.
     # (MLflow already keeps alembic's own loggers at WARNING.)

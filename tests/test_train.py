@@ -220,3 +220,46 @@ def test_config_precedence_defaults_preset_file_flags(tmp_path):
     (tmp_path / "typed.yaml").write_text("updates: ten\n")
     with pytest.raises(UserError, match="updates must be int, got 'ten'"):
         resolve_config(None, tmp_path / "typed.yaml")
+
+
+@pytest.mark.vllm
+def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
+    vllm_pool, vllm_engine, tiny_dir, tmp_path
+):
+    """In training the engine reloads weights in place; `ggpo eval` starts a fresh engine on the saved
+    checkpoint. With the same seed both must count exactly the same correct responses."""
+    from test_cli import ggpo
+
+    from ggpo_offline.evaluate import Evaluator, evaluate
+    from ggpo_offline.train.evaluation import eval_config, eval_report_path
+
+    config = _config(
+        vllm_pool, tmp_path, eval_every=2, eval_n=4, eval_num_problems=12, eval_ks=(1, 2, 4), lr=2e-3
+    )
+    with Evaluator(eval_config(config, tiny_dir), engine=vllm_engine) as evaluator:
+        result = train(config, evaluator=evaluator)
+    run = result.run_dir
+    assert sorted(p.name for p in (run / "eval").iterdir()) == [f"update-00000{u}.json" for u in (0, 2, 4)]
+    reports = {u: json.loads(eval_report_path(run, u).read_text()) for u in (0, 2, 4)}
+    logged = {r["update"]: r for r in _metrics(run) if "eval/suite/mean_at_4" in r}
+    assert sorted(logged) == [0, 2, 4]
+    for update, report in reports.items():
+        assert logged[update]["eval/arith-test/mean_at_4"] == report["benchmarks"]["arith-test"]["mean@n"]
+        assert logged[update]["eval/suite/pass_at_2"] == report["suite"]["pass@2"]
+    assert reports[0]["settings"]["model"]["name"] == "embedded:tiny"
+    assert reports[4]["settings"]["model"]["path"] == str(run / "checkpoints" / "update-000004")
+
+    out = tmp_path / "fresh.json"
+    fresh_run = ggpo(
+        "eval", "--model", str(run / "checkpoints" / "update-000004"), "--pool", str(vllm_pool),
+        "-n", "4", "--num-problems", "12", "-k", "1,2,4", "--out", str(out),
+    )  # fmt: skip
+    assert fresh_run.returncode == 0, fresh_run.stderr
+    fresh = json.loads(out.read_text())
+    assert fresh["benchmarks"]["arith-test"]["counts"] == reports[4]["benchmarks"]["arith-test"]["counts"]
+    assert fresh["suite"] == reports[4]["suite"]
+    assert fresh["settings"]["dtype"] == reports[4]["settings"]["dtype"]
+    assert fresh["benchmarks"]["arith-test"]["counts"] != reports[0]["benchmarks"]["arith-test"]["counts"]
+    # The borrowed session engine got the embedded model's weights back.
+    base = evaluate(eval_config(config, tiny_dir), engine=vllm_engine)
+    assert base["benchmarks"]["arith-test"]["counts"] == reports[0]["benchmarks"]["arith-test"]["counts"]

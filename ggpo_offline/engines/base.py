@@ -2,6 +2,7 @@
 
 import hashlib
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Protocol
 
 
@@ -61,6 +62,10 @@ class Engine(Protocol):
         self, prompts: list[list[int]], seeds: list[int], sampling: SamplingSettings
     ) -> list[list[Sample]]:
         """``sampling.m`` samples for each tokenized prompt, prompt ``i`` seeded with ``seeds[i]``."""
+        ...
+
+    def load_weights(self, model_dir: Path) -> None:
+        """Replace the weights in place with those of ``model_dir`` (same architecture and tokenizer)."""
         ...
 
     def close(self) -> None:

@@ -18,14 +18,18 @@ class HfEngine:
     """Fallback engine; each prompt's m samples share one unpadded batch and the prompt's own seed."""
 
     def __init__(self, model_dir: Path, dtype: str = "auto"):
-        from transformers import AutoModelForCausalLM
-
-        torch_dtype = "auto" if dtype == "auto" else DTYPES[dtype]
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype).eval()
+        self.dtype = dtype
+        self.load_weights(model_dir)
         self.eos_ids = eos_token_ids(model_dir)
         self.pad_id = self.model.config.pad_token_id
         if self.pad_id is None:
             self.pad_id = min(self.eos_ids)
+
+    def load_weights(self, model_dir: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch_dtype = "auto" if self.dtype == "auto" else DTYPES[self.dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype).eval()
 
     def describe(self) -> dict:
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
@@ -43,21 +47,23 @@ class HfEngine:
         groups = []
         for prompt, seed in zip(prompts, seeds, strict=True):
             input_ids = torch.tensor([prompt] * sampling.m, dtype=torch.long)
-            torch.manual_seed(seed)
-            output = self.model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                do_sample=True,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,  # explicit: transformers otherwise applies top_k=50
-                repetition_penalty=1.0,
-                max_new_tokens=sampling.max_tokens,
-                eos_token_id=sorted(self.eos_ids),
-                pad_token_id=self.pad_id,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
+            # A forked RNG: evaluating inside training must not move the trainer's random stream.
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                output = self.model.generate(
+                    input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    do_sample=True,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=sampling.top_k,  # explicit: transformers otherwise applies top_k=50
+                    repetition_penalty=1.0,
+                    max_new_tokens=sampling.max_tokens,
+                    eos_token_id=sorted(self.eos_ids),
+                    pad_token_id=self.pad_id,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                )
             scores = self.model.compute_transition_scores(
                 output.sequences, output.scores, normalize_logits=True
             )

@@ -28,6 +28,19 @@ def prepare_environment() -> dict:
     return {"distributed_executor_backend": "uni", "block_size": 32}
 
 
+def repack_tied_lm_head(model: torch.nn.Module) -> None:
+    """Refresh the CPU LM head's packed weights after an in-place reload.
+
+    On CPU, vLLM 0.32 packs each linear layer's weight for its GEMM kernel once after loading. A head
+    tied to the embedding is not reloaded itself (only the shared embedding is), so without this its
+    packed copy keeps the old weights: logits then differ from a fresh start on the same checkpoint.
+    """
+    head = getattr(model, "lm_head", None)
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    if tied and head is not None and hasattr(head, "quant_method"):
+        head.quant_method.process_weights_after_loading(head)
+
+
 class VllmEngine:
     """``vllm.LLM`` over a local model folder; prompts go in as token ids, so both engines see the same."""
 
@@ -97,6 +110,13 @@ class VllmEngine:
                 samples.append(cut_at_eos(token_ids, logprobs, self.eos_ids))
             groups.append(samples)
         return groups
+
+    def load_weights(self, model_dir: Path) -> None:
+        # vLLM's in-place reload (no restart); the prefix cache holds KV entries of the old weights.
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(model_dir)})
+        if not torch.cuda.is_available():
+            self.llm.apply_model(repack_tied_lm_head)
+        self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)

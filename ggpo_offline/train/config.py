@@ -10,6 +10,7 @@ from typing import Literal
 import tomllib
 
 from ggpo_offline.errors import UserError
+from ggpo_offline.evaluate import DEFAULT_DATASETS, DEFAULT_KS
 
 Method = Literal["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis"]
 METHODS: tuple[str, ...] = ("ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis")
@@ -69,6 +70,21 @@ class TrainConfig:
     """MLflow experiment; None = the pool's file name."""
     no_tracking: bool = False
     allow_tokenizer_mismatch: bool = False
+    eval_every: int | None = None
+    """Evaluate the learner at update 0, every N updates and at the end, with ``ggpo eval``'s protocol
+    on the saved checkpoint (sampling settings and dtype of the pool); None = no evaluation."""
+    eval_datasets: tuple[str, ...] = DEFAULT_DATASETS
+    """Benchmarks of the evaluation (dataset specs, as ``ggpo eval --dataset``)."""
+    eval_n: int = 32
+    """Responses sampled per evaluation problem (paper: 32)."""
+    eval_ks: tuple[int, ...] = DEFAULT_KS
+    """The k of each reported pass@k (those above ``eval_n`` are skipped)."""
+    eval_num_problems: int | None = None
+    """Problems per benchmark (arith: 500 drawn; files: the first N rows); None = all."""
+    eval_engine: str = "vllm"
+    """Generation engine of the evaluation: vllm or hf."""
+    eval_seed: int = 0
+    """Sampling seed of the evaluation, the same at every update so that only the weights change."""
 
     @property
     def run_name(self) -> str:
@@ -84,7 +100,8 @@ class TrainConfig:
         return self.ref_refresh if self.method in REFRESHING_METHODS else None
 
     def to_dict(self) -> dict:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+        """JSON-ready values (paths as strings, tuples as lists), as stored in config.json."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
 
 
 PRESETS: dict[str, dict] = {
@@ -92,7 +109,15 @@ PRESETS: dict[str, dict] = {
     "paper-offline": {},
     # The embedded model and default pool: ~1.2 s per update on 2 CPU cores (about two minutes per method)
     # and a visible policy change (drift and ESS move by orders of magnitude).
-    "tiny": {"groups_per_batch": 8, "updates": 100, "lr": 2e-4, "ref_refresh": 40, "save_every": 50},
+    "tiny": {
+        "groups_per_batch": 8,
+        "updates": 100,
+        "lr": 2e-4,
+        "ref_refresh": 40,
+        "save_every": 50,
+        "eval_n": 8,
+        "eval_num_problems": 200,
+    },
 }
 
 _FIELDS = {f.name: f for f in fields(TrainConfig)}
@@ -116,6 +141,8 @@ def _normalize(values: dict, where: str) -> dict:
 
 def _coerce(name: str, value, where: str):
     """Numbers and switches from files arrive as whatever the format parsed; check them once here."""
+    if typing.get_origin(_HINTS[name]) is tuple:
+        return _coerce_tuple(name, value, where)
     kinds = [k for k in typing.get_args(_HINTS[name]) or (_HINTS[name],) if k in (int, float, bool)]
     if value is None or not kinds:
         return value
@@ -124,6 +151,18 @@ def _coerce(name: str, value, where: str):
     if float in kinds and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     raise UserError(f"{where}: {name} must be {kinds[0].__name__}, got {value!r}")
+
+
+def _coerce_tuple(name: str, value, where: str) -> tuple:
+    """A list, or one comma-separated string, of the field's element type."""
+    kind = typing.get_args(_HINTS[name])[0]
+    items = [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise UserError(f"{where}: {name} must be a non-empty list, got {value!r}")
+    try:
+        return tuple(kind(item) for item in items)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: {name} must be a list of {kind.__name__}, got {value!r}") from None
 
 
 def load_config_file(path: Path) -> dict:
@@ -177,6 +216,13 @@ def validate_config(config: TrainConfig) -> None:
         (config.save_every is None or config.save_every >= 1, "--save-every must be >= 1"),
         (config.micro_batch_size is None or config.micro_batch_size >= 1, "--micro-batch-size must be >= 1"),
         (config.threads is None or config.threads >= 1, "--threads must be >= 1"),
+        (config.eval_every is None or config.eval_every >= 1, "--eval-every must be >= 1"),
+        (config.eval_n >= 1, f"--eval-n must be >= 1, got {config.eval_n}"),
+        (all(k >= 1 for k in config.eval_ks), "--eval-k values must be >= 1"),
+        (
+            config.eval_num_problems is None or config.eval_num_problems >= 1,
+            "--eval-num-problems must be >= 1",
+        ),
     ]
     for ok, message in checks:
         if not ok:

@@ -14,6 +14,7 @@ import torch
 from ggpo_offline import __version__
 from ggpo_offline import diagnostics as diag
 from ggpo_offline.errors import UserError
+from ggpo_offline.evaluate import Evaluator, write_json
 from ggpo_offline.losses import LOSSES, method_needs
 from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_sha256
 from ggpo_offline.pool.schema import read_pool_metadata
@@ -21,10 +22,13 @@ from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
 from ggpo_offline.train.checkpoint import checkpoint_dir, latest_checkpoint, load_state, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.evaluation import eval_config, eval_due, eval_metrics, eval_report_path
 from ggpo_offline.train.logprobs import response_logprobs
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
 
 METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+"""Written last: a run folder holding it is a finished run (compare reuses such runs)."""
 # Without checkpoints, metrics still reach the tracker this often (updates).
 FLUSH_EVERY = 20
 
@@ -266,8 +270,16 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     on_update: Callable[[int, dict], None] | None = None,
+    on_eval: Callable[[int, dict], None] | None = None,
+    evaluator: Evaluator | None = None,
+    parent_run_id: str | None = None,
 ) -> TrainResult:
-    """Train ``config.method`` on the pool's planned minibatches; see TrainConfig for every setting."""
+    """Train ``config.method`` on the pool's planned minibatches; see TrainConfig for every setting.
+
+    With ``config.eval_every`` the learner is evaluated at update 0, every N updates and at the end, each
+    time from a checkpoint saved at that update; ``evaluator`` shares one (started engine, evaluation
+    protocol) between runs, by default the run starts its own. ``parent_run_id`` nests the MLflow run.
+    """
     from ggpo_offline import tracking
 
     pool = Path(config.pool)
@@ -281,8 +293,13 @@ def train(
         "pool_fingerprint": pool_fingerprint(pool),
         "data_order_fingerprint": data_order_fingerprint(plan),
     }
+    owns_evaluator = evaluator is None and config.eval_every is not None
+    if owns_evaluator:
+        # Built here, before anything is written: it checks the benchmarks.
+        evaluator = Evaluator(eval_config(config, model_dir))
+    tracking_uri = config.tracking_uri or tracking.default_tracking_uri()
     if not config.no_tracking:
-        tracking.check_tracking_reachable(config.tracking_uri or tracking.default_tracking_uri())
+        tracking.check_tracking_reachable(tracking_uri)
     run_dir = config.run_dir
     prepare_run_dir(run_dir, resume, overwrite)
 
@@ -307,6 +324,7 @@ def train(
         run_name=config.run_name,
         tracking_uri=config.tracking_uri,
         resume_run_id=run_id,
+        parent_run_id=parent_run_id,
         enabled=not config.no_tracking,
     )
     if run_id is None:
@@ -325,17 +343,30 @@ def train(
         history.extend(pending)
         pending.clear()
 
+    def evaluate_at(update: int) -> dict[str, float]:
+        weights = model_dir if update == 0 else checkpoint_dir(run_dir, update)
+        report = evaluator.evaluate(weights)
+        write_json(report, eval_report_path(run_dir, update))
+        if on_eval is not None:
+            on_eval(update, report)
+        return eval_metrics(report)
+
     status = "FAILED"
     try:
         while trainer.update < config.updates:
             update = trainer.update
+            record = {"update": update}
+            if eval_due(config, update):
+                record.update(evaluate_at(update))
             metrics = trainer.step(reader.read(plan[update].tolist()))
             if update % config.log_every == 0 or trainer.update == config.updates:
-                pending.append({"update": update, **metrics})
+                record.update(metrics)
+            if len(record) > 1:
+                pending.append(record)
             if on_update is not None:
                 on_update(update, metrics)
             saving = config.save_every is not None and trainer.update % config.save_every == 0
-            if saving or trainer.update == config.updates:
+            if saving or eval_due(config, trainer.update):
                 flush()  # metrics reach the store together with the checkpoint that reproduces them
                 save_checkpoint(
                     checkpoint_dir(run_dir, trainer.update),
@@ -345,6 +376,9 @@ def train(
                 )
             elif config.save_every is None and trainer.update % FLUSH_EVERY == 0:
                 flush()
+        if eval_due(config, config.updates):
+            pending.append({"update": config.updates, **evaluate_at(config.updates)})
+            flush()
         final = save_checkpoint(run_dir / "final", trainer.model, trainer.tokenizer, None)
         status = "FINISHED"
     except KeyboardInterrupt:
@@ -352,6 +386,18 @@ def train(
         raise
     finally:
         tracker.close(status)
+        if owns_evaluator:
+            evaluator.close()
+    write_json(
+        {
+            "run_id": tracker.run_id,
+            "tracking_uri": None if config.no_tracking else tracking_uri,
+            **fingerprints,
+            "updates": config.updates,
+            "final_model": str(final),
+        },
+        run_dir / RESULT_FILE,
+    )
     return TrainResult(
         run_dir,
         final,

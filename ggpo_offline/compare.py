@@ -1,0 +1,380 @@
+"""`ggpo compare`: every method × seed on one pool, one data plan per seed, reported as tables and figures."""
+
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ggpo_offline import __version__
+from ggpo_offline.engines import Engine
+from ggpo_offline.errors import UserError
+from ggpo_offline.evaluate import Evaluator
+from ggpo_offline.pool.inspect import pool_summary
+from ggpo_offline.pool.schema import read_pool_metadata
+from ggpo_offline.pool.validate import validate_pool
+from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, load_run, write_figures, write_tables
+from ggpo_offline.train.checkpoint import latest_checkpoint
+from ggpo_offline.train.config import METHODS, TrainConfig, resolve_config
+from ggpo_offline.train.evaluation import eval_config
+from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
+from ggpo_offline.train.trainer import RESULT_FILE, initial_model_dir, train
+
+DEFAULT_METHODS = ("grpo", "grpo-tis", "agro", "ggpo")
+DEFAULT_SEEDS = (42, 1234, 2027)
+EVALUATIONS_PER_RUN = 5
+"""Without --eval-every, runs are evaluated every U/5 updates (the paper: every 80 of 400)."""
+MARKER = "compare.json"
+RUNS_FOLDER = "runs"
+PER_RUN = ("pool", "method", "seed", "out")
+"""Settings compare chooses for each run; everything else is shared by all runs."""
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """What ``ggpo compare`` runs and where it writes."""
+
+    pool: Path = Path("pools/base.parquet")
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+    preset: str | None = None
+    """Training preset of every run (paper-offline when None)."""
+    config_file: Path | None = None
+    """A TOML/YAML/JSON file of training settings shared by every run."""
+    settings: dict = field(default_factory=dict)
+    """Training settings given as flags, shared by every run (TrainConfig field names)."""
+    out: Path | None = None
+    """Report folder; None = reports/<pool name>/. Runs live in its runs/ folder."""
+    rerun: bool = False
+    """Train every run again even when a finished run with the same settings exists."""
+
+    @property
+    def report_dir(self) -> Path:
+        return self.out if self.out is not None else Path("reports") / Path(self.pool).stem
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One method × seed run and what compare will do with it: reuse, resume, train or replace."""
+
+    config: TrainConfig
+    action: str
+    fingerprints: dict
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    report_dir: Path
+    records: list[RunRecord]
+    data_plans: dict[int, str]
+    parent_run_id: str | None
+    actions: dict[str, str]
+
+
+def run_configs(config: CompareConfig) -> list[TrainConfig]:
+    """The TrainConfig of every run, seed-major (all methods of seed 1, then seed 2, ...)."""
+    _check_lists(config)
+    chosen = [key for key in PER_RUN if key in config.settings]
+    if chosen:
+        raise UserError(f"compare chooses {', '.join(chosen)} for each run; remove it from the settings")
+    runs = []
+    for seed in config.seeds:
+        for method in config.methods:
+            run = resolve_config(
+                config.preset,
+                config.config_file,
+                **config.settings,
+                pool=Path(config.pool),
+                method=method,
+                seed=seed,
+                out=config.report_dir / RUNS_FOLDER / f"{method}-s{seed}",
+            )
+            if run.eval_every is None:
+                run = resolve_config(
+                    config.preset,
+                    config.config_file,
+                    **{**config.settings, "eval_every": max(1, run.updates // EVALUATIONS_PER_RUN)},
+                    pool=Path(config.pool),
+                    method=method,
+                    seed=seed,
+                    out=run.out,
+                )
+            runs.append(run)
+    return runs
+
+
+def _check_lists(config: CompareConfig) -> None:
+    unknown = [m for m in config.methods if m not in METHODS]
+    if unknown:
+        raise UserError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+    if not config.methods or not config.seeds:
+        raise UserError("give at least one method and one seed")
+    for name, values in (("method", config.methods), ("seed", config.seeds)):
+        if len(set(values)) != len(values):
+            raise UserError(f"a {name} is listed twice")
+
+
+def plan(config: CompareConfig) -> list[PlannedRun]:
+    """Decide before any training what happens to each run; refuse run folders made with other settings."""
+    pool = Path(config.pool)
+    validate_pool(pool)
+    _check_report_dir(config.report_dir)
+    runs = run_configs(config)
+    index = index_pool(pool)
+    pool_print = pool_fingerprint(pool)
+    planned = []
+    for run in runs:
+        data_plan = plan_minibatches(index, run.seed, run.updates, run.groups_per_batch)
+        fingerprints = {
+            "pool_fingerprint": pool_print,
+            "data_order_fingerprint": data_order_fingerprint(data_plan),
+        }
+        planned.append(PlannedRun(run, _action(run, fingerprints, config.rerun), fingerprints))
+    return planned
+
+
+def _action(run: TrainConfig, fingerprints: dict, rerun: bool) -> str:
+    run_dir = run.run_dir
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return "train"
+    if rerun:
+        return "replace"
+    config_file = run_dir / "config.json"
+    saved = json.loads(config_file.read_text()) if config_file.is_file() else None
+    if saved != {**run.to_dict(), **fingerprints}:
+        raise UserError(
+            f"{run_dir} holds a run with other settings or another pool; pass --rerun to replace it "
+            "or --out to report elsewhere"
+        )
+    if (run_dir / RESULT_FILE).is_file():
+        return "reuse"
+    return "resume" if latest_checkpoint(run_dir) is not None else "replace"
+
+
+def _check_report_dir(report_dir: Path) -> None:
+    """Never write into a folder of the user's that is not a comparison report."""
+    if report_dir.is_file():
+        raise UserError(f"--out {report_dir} is a file; give a folder")
+    if report_dir.is_dir() and any(report_dir.iterdir()) and not (report_dir / MARKER).is_file():
+        raise UserError(
+            f"--out {report_dir} is not empty and holds no comparison report; choose another folder"
+        )
+
+
+def compare(
+    config: CompareConfig,
+    *,
+    on_run: Callable[[int, int, PlannedRun], None] | None = None,
+    on_update: Callable[[int, dict], None] | None = None,
+    on_eval: Callable[[int, dict], None] | None = None,
+    engine: Engine | None = None,
+) -> CompareResult:
+    """Train (or reuse) every run, check the data plans, and write the report into ``config.report_dir``.
+
+    ``engine`` lends an already started generation engine holding the pool's model to the evaluations.
+    """
+    from ggpo_offline import tracking
+
+    planned = plan(config)
+    shared = planned[0].config
+    report_dir = config.report_dir
+    report_dir.mkdir(parents=True, exist_ok=True)
+    _write_marker(report_dir, config, planned, status="running")
+    if not shared.no_tracking:
+        tracking.check_tracking_reachable(shared.tracking_uri or tracking.default_tracking_uri())
+    parent = tracking.start_tracking(
+        experiment=shared.experiment or Path(config.pool).stem,
+        run_name=f"compare-{Path(config.pool).stem}",
+        tracking_uri=shared.tracking_uri,
+        enabled=not shared.no_tracking,
+    )
+    status = "FAILED"
+    try:
+        parent.log_params({"methods": ",".join(config.methods), "seeds": ",".join(map(str, config.seeds))})
+        parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
+        # One engine and one evaluation protocol for every run: the base model is evaluated once.
+        initial_model = initial_model_dir(shared, read_pool_metadata(Path(config.pool)))
+        with Evaluator(eval_config(shared, initial_model), engine) as evaluator:
+            for position, run in enumerate(planned):
+                if on_run is not None:
+                    on_run(position, len(planned), run)
+                _execute(run, evaluator, parent.run_id, on_update, on_eval)
+        records = [load_run(run.config.run_dir, run.config.method, run.config.seed) for run in planned]
+        data_plans = check_data_plans(records)
+        if parent.run_id is not None:
+            _adopt_children(shared, parent.run_id, records)
+        write_tables(records, list(config.methods), list(config.seeds), report_dir)
+        write_figures(records, list(config.methods), list(config.seeds), report_dir)
+        write_readme(report_dir, config, planned, records, data_plans, parent.run_id)
+        _write_marker(report_dir, config, planned, status="finished", data_plans=data_plans)
+        parent.set_tags({f"data_order_fingerprint.seed{s}": f for s, f in data_plans.items()})
+        for name in ("table.md", "table.csv", "README.md", MARKER, *FIGURES):
+            parent.log_artifact(report_dir / name, "report")
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        parent.close(status)
+    return CompareResult(
+        report_dir, records, data_plans, parent.run_id, {r.config.run_name: r.action for r in planned}
+    )
+
+
+def _execute(run: PlannedRun, evaluator, parent_run_id, on_update, on_eval) -> None:
+    if run.action == "reuse":
+        return
+    train(
+        run.config,
+        resume=run.action == "resume",
+        overwrite=run.action == "replace",
+        on_update=on_update,
+        on_eval=on_eval,
+        evaluator=evaluator,
+        parent_run_id=parent_run_id,
+    )
+
+
+def _adopt_children(shared: TrainConfig, parent_run_id: str, records: list[RunRecord]) -> None:
+    """Reused runs belong to an earlier comparison's parent; nest them under this one."""
+    from ggpo_offline import tracking
+
+    for record in records:
+        run_id, uri = record.result.get("run_id"), record.result.get("tracking_uri")
+        if run_id is not None and uri is not None:
+            tracking.set_parent(uri, run_id, parent_run_id)
+
+
+def _write_marker(report_dir: Path, config: CompareConfig, planned, status: str, data_plans=None) -> None:
+    record = {
+        "status": status,
+        "tool_version": __version__,
+        "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": reproduce_command(config),
+        "pool": str(config.pool),
+        "methods": list(config.methods),
+        "seeds": list(config.seeds),
+        "runs": {r.config.run_name: {"folder": str(r.config.run_dir), "action": r.action} for r in planned},
+        "data_order_fingerprints": {str(s): f for s, f in (data_plans or {}).items()},
+    }
+    (report_dir / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _flag_words(settings: dict) -> list[str]:
+    words = []
+    for key, value in settings.items():
+        if value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif key == "eval_datasets":
+            for spec in value:
+                words += ["--eval-dataset", str(spec)]
+        elif key == "eval_ks":
+            words += ["--eval-k", ",".join(map(str, value))]
+        else:
+            words += [flag, str(value)]
+    return words
+
+
+def reproduce_command(config: CompareConfig) -> str:
+    words = ["ggpo", "compare", "--pool", str(config.pool)]
+    words += ["--methods", ",".join(config.methods), "--seeds", ",".join(map(str, config.seeds))]
+    if config.preset:
+        words += ["--preset", config.preset]
+    if config.config_file:
+        words += ["--config", str(config.config_file)]
+    words += _flag_words(config.settings)
+    if config.out is not None:
+        words += ["--out", str(config.out)]
+    return shlex.join(words)
+
+
+def _train_command(run: TrainConfig, config: CompareConfig) -> str:
+    words = ["ggpo", "train", "--pool", str(run.pool), "--method", run.method, "--seed", str(run.seed)]
+    if config.preset:
+        words += ["--preset", config.preset]
+    if config.config_file:
+        words += ["--config", str(config.config_file)]
+    words += _flag_words({**config.settings, "eval_every": run.eval_every})
+    return shlex.join(words + ["--out", str(run.run_dir)])
+
+
+def write_readme(
+    report_dir: Path, config: CompareConfig, planned, records, data_plans, parent_run_id
+) -> None:
+    """The report's README: pool, settings, data plans, runs, results and the commands to reproduce it."""
+    summary = pool_summary(Path(config.pool))
+    meta = summary.get("metadata", {})
+    shared = planned[0].config.to_dict()
+    lines = [
+        f"# Comparison on `{Path(config.pool).name}`",
+        "",
+        f"Written by ggpo-offline {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
+        f"Methods: {', '.join(config.methods)}; seeds: {', '.join(map(str, config.seeds))}.",
+        "Within a seed every method replays the same minibatches in the same order (data-order fingerprints"
+        " below); each minibatch is used once.",
+        "",
+        "## Results",
+        "",
+        (report_dir / "table.md").read_text(),
+        "![eval accuracy, log ratio, ESS and gradient norm](figure.png)",
+        "",
+        "## Pool",
+        "",
+        f"- file: `{config.pool}`",
+        f"- fingerprint (sha256): `{planned[0].fingerprints['pool_fingerprint']}`",
+        f"- model: `{meta.get('model', {}).get('name')}`, weights sha256 "
+        f"`{meta.get('model', {}).get('weights_sha256')}`",
+        f"- dataset: `{meta.get('dataset', {}).get('spec')}`",
+        f"- {summary['groups']} groups × m = {meta.get('sampling', {}).get('m')} = {summary['responses']} "
+        f"responses, mean reward {summary['mean_reward']:.3f}, {summary['mixed_groups']} mixed groups",
+        f"- sampling: `{json.dumps(meta.get('sampling', {}), sort_keys=True)}`",
+        "",
+        "## Data plans",
+        "",
+        "| seed | data-order fingerprint | runs |",
+        "|---:|---|---:|",
+    ]
+    for seed, fingerprint in data_plans.items():
+        lines.append(f"| {seed} | `{fingerprint}` | {sum(r.seed == seed for r in records)} |")
+    lines += [
+        "",
+        "## Runs",
+        "",
+        f"MLflow parent run: `{parent_run_id}`" if parent_run_id else "MLflow: not tracked (--no-tracking).",
+        "",
+        "| run | this report | MLflow run | folder |",
+        "|---|---|---|---|",
+    ]
+    for run, record in zip(planned, records, strict=True):
+        verb = {"reuse": "reused", "resume": "resumed", "train": "trained", "replace": "retrained"}[
+            run.action
+        ]
+        lines.append(
+            f"| {run.config.run_name} | {verb} | `{record.result.get('run_id')}` | `{run.config.run_dir}` |"
+        )
+    lines += [
+        "",
+        "## Settings shared by every run",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        *[f"| {k} | `{v}` |" for k, v in shared.items() if k not in PER_RUN],
+        "",
+        "## Reproduce",
+        "",
+        "```bash",
+        reproduce_command(config),
+        "```",
+        "",
+        "Each run alone:",
+        "",
+        "```bash",
+        *[_train_command(run.config, config) for run in planned],
+        "```",
+        "",
+    ]
+    (report_dir / "README.md").write_text("\n".join(lines))

@@ -1,0 +1,299 @@
+"""Tables and figures of a comparison: finished runs in, table.md / table.csv / PNG figures out."""
+
+import csv
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggpo_offline.errors import UserError
+
+METHOD_NAMES = {
+    "grpo": "GRPO",
+    "grpo-tis": "GRPO+TIS",
+    "agro": "AGRO",
+    "ggpo": "GGPO",
+    "ggpo-clip": "GGPO-clip",
+}
+# The paper's Figure 4 colors (GRPO orange, GRPO+TIS purple dashed, AGRO green, GGPO blue).
+METHOD_STYLES = {
+    "grpo": {"color": "#ff7f0e", "linestyle": "-"},
+    "grpo-tis": {"color": "#9467bd", "linestyle": "--"},
+    "agro": {"color": "#2ca02c", "linestyle": "-"},
+    "ggpo": {"color": "#1f77b4", "linestyle": "-"},
+    "ggpo-clip": {"color": "#d62728", "linestyle": "-."},
+}
+SUITE = "suite"
+FIGURES = ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished run as the report reads it: settings, fingerprints, evaluations and metric records."""
+
+    method: str
+    seed: int
+    run_dir: Path
+    config: dict
+    result: dict
+    evals: dict[int, dict]
+    """Evaluation report per update."""
+    metrics: list[dict]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table entry: the mean and sample standard deviation of a score over seeds (percent)."""
+
+    values: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def std(self) -> float:
+        """Sample std (ddof = 1) as the paper reports it; NaN with a single seed."""
+        return statistics.stdev(self.values) if len(self.values) > 1 else math.nan
+
+    def text(self) -> str:
+        return f"{self.mean:.2f}" if math.isnan(self.std) else f"{self.mean:.2f} ± {self.std:.2f}"
+
+
+def load_run(run_dir: Path, method: str, seed: int) -> RunRecord:
+    """Read a finished run folder written by ``ggpo train`` (config.json, result.json, eval/, metrics)."""
+    from ggpo_offline.train.evaluation import EVAL_FOLDER
+    from ggpo_offline.train.trainer import METRICS_FILE, RESULT_FILE
+
+    evals = {}
+    for path in sorted((run_dir / EVAL_FOLDER).glob("update-*.json")):
+        evals[int(path.stem.removeprefix("update-"))] = json.loads(path.read_text())
+    lines = (run_dir / METRICS_FILE).read_text().splitlines()
+    return RunRecord(
+        method=method,
+        seed=seed,
+        run_dir=run_dir,
+        config=json.loads((run_dir / "config.json").read_text()),
+        result=json.loads((run_dir / RESULT_FILE).read_text()),
+        evals=evals,
+        metrics=[json.loads(line) for line in lines if line.strip()],
+    )
+
+
+def check_data_plans(records: list[RunRecord]) -> dict[int, str]:
+    """The data-order fingerprint of each seed; UserError when runs of a seed (or the pool) disagree."""
+    pools = {r.result["pool_fingerprint"] for r in records}
+    if len(pools) > 1:
+        raise UserError(f"the runs were trained on {len(pools)} different pools; refusing to report")
+    plans: dict[int, str] = {}
+    for record in records:
+        fingerprint = record.result["data_order_fingerprint"]
+        first = plans.setdefault(record.seed, fingerprint)
+        if fingerprint != first:
+            others = [r for r in records if r.seed == record.seed]
+            listing = ", ".join(f"{r.run_dir.name} {r.result['data_order_fingerprint'][:12]}" for r in others)
+            raise UserError(
+                f"seed {record.seed}: the runs do not share one data plan ({listing}); refusing to report"
+            )
+    return plans
+
+
+# -- tables ------------------------------------------------------------------------------------------
+
+
+def eval_scopes(records: list[RunRecord]) -> list[str]:
+    """The benchmarks evaluated, then the suite when there are several."""
+    any_report = next(iter(records[0].evals.values()))
+    names = list(any_report["benchmarks"])
+    return names + [SUITE] if len(names) > 1 else names
+
+
+def _score(report: dict, scope: str, key: str) -> float:
+    scores = report[SUITE] if scope == SUITE else report["benchmarks"][scope]
+    return 100.0 * scores[key]
+
+
+def accuracy_table(records: list[RunRecord], methods: list[str], scope: str) -> dict[int, dict[str, Cell]]:
+    """mean@n per evaluated update and method over seeds: the shape of the paper's Table 5."""
+    updates = sorted({u for r in records for u in r.evals})
+    table: dict[int, dict[str, Cell]] = {}
+    for update in updates:
+        row = {}
+        for method in methods:
+            values = [_score(r.evals[update], scope, "mean@n") for r in records if r.method == method]
+            if values:
+                row[method] = Cell(tuple(values))
+        table[update] = row
+    return table
+
+
+def pass_at_k_table(records: list[RunRecord], methods: list[str], scope: str) -> dict[str, dict[str, Cell]]:
+    """mean@n and pass@k at the final update per method (and the initial model as "base"): Table 3's shape."""
+    final = max(records[0].evals)
+    ks = records[0].evals[final]["ks"]
+    keys = ["mean@n"] + [f"pass@{k}" for k in ks]
+    rows = {"base": [r.evals[0] for r in records if r.method == methods[0]]}
+    rows |= {method: [r.evals[final] for r in records if r.method == method] for method in methods}
+    return {
+        name: {key: Cell(tuple(_score(report, scope, key) for report in reports)) for key in keys}
+        for name, reports in rows.items()
+    }
+
+
+def _display(method: str) -> str:
+    return "base model" if method == "base" else METHOD_NAMES.get(method, method)
+
+
+def write_tables(records: list[RunRecord], methods: list[str], seeds: list[int], out: Path) -> str:
+    """Write table.md and table.csv into ``out``; returns the markdown."""
+    n = records[0].config["eval_n"]
+    final = max(records[0].evals)
+    seed_text = ", ".join(str(s) for s in seeds)
+    markdown, rows = [], []
+    for scope in eval_scopes(records):
+        what = "problem-weighted suite" if scope == SUITE else scope
+        markdown += [
+            f"### Eval accuracy: mean@{n} (%) on {what}, mean ± sample std over seeds {seed_text}",
+            "",
+            "| update | " + " | ".join(_display(m) for m in methods) + " |",
+            "|---:|" + "---:|" * len(methods),
+        ]
+        for update, row in accuracy_table(records, methods, scope).items():
+            markdown.append(f"| {update} | " + " | ".join(row[m].text() for m in methods) + " |")
+            rows += [_csv_row("accuracy", scope, m, update, f"mean@{n}", row[m]) for m in methods]
+        markdown.append("")
+        table = pass_at_k_table(records, methods, scope)
+        keys = list(next(iter(table.values())))
+        headers = [f"mean@{n}" if key == "mean@n" else key for key in keys]
+        markdown += [
+            f"### Final pass@k (%) on {what} at update {final} (base model: update 0)",
+            "",
+            "| method | " + " | ".join(headers) + " |",
+            "|---|" + "---:|" * len(keys),
+        ]
+        for name, cells in table.items():
+            markdown.append(f"| {_display(name)} | " + " | ".join(cells[key].text() for key in keys) + " |")
+            update = 0 if name == "base" else final
+            rows += [
+                _csv_row("pass_at_k", scope, name, update, header, cells[key])
+                for key, header in zip(keys, headers, strict=True)
+            ]
+        markdown.append("")
+    text = "\n".join(markdown)
+    (out / "table.md").write_text(text)
+    with (out / "table.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return text
+
+
+def _csv_row(table: str, scope: str, method: str, update: int, metric: str, cell: Cell) -> dict:
+    return {
+        "table": table,
+        "benchmark": scope,
+        "method": method,
+        "update": update,
+        "metric": metric,
+        "mean": round(cell.mean, 6),
+        "std": "" if math.isnan(cell.std) else round(cell.std, 6),
+        "seeds": len(cell.values),
+        "values": " ".join(f"{v:.6g}" for v in cell.values),
+    }
+
+
+# -- figures -----------------------------------------------------------------------------------------
+
+
+def _series(record: RunRecord, key: str) -> tuple[list[int], list[float]]:
+    points = [(r["update"], r[key]) for r in record.metrics if r.get(key) is not None]
+    return [u for u, _ in points], [v for _, v in points]
+
+
+def _plot_accuracy(ax, records: list[RunRecord], methods: list[str], scope: str) -> None:
+    n = records[0].config["eval_n"]
+    for method, row in _by_method(accuracy_table(records, methods, scope)).items():
+        updates = sorted(row)
+        means = [row[u].mean for u in updates]
+        stds = [0.0 if math.isnan(row[u].std) else row[u].std for u in updates]
+        ax.plot(updates, means, marker="o", markersize=3, label=_display(method), **METHOD_STYLES[method])
+        low = [m - s for m, s in zip(means, stds, strict=True)]
+        high = [m + s for m, s in zip(means, stds, strict=True)]
+        ax.fill_between(updates, low, high, color=METHOD_STYLES[method]["color"], alpha=0.18, linewidth=0)
+    what = "suite" if scope == SUITE else scope
+    ax.set_title(f"{what} mean@{n} (%), ±1 std over seeds")
+    ax.set_xlabel("optimizer updates")
+
+
+def _by_method(table: dict[int, dict[str, Cell]]) -> dict[str, dict[int, Cell]]:
+    by_method: dict[str, dict[int, Cell]] = {}
+    for update, row in table.items():
+        for method, cell in row.items():
+            by_method.setdefault(method, {})[update] = cell
+    return by_method
+
+
+def _plot_diagnostic(ax, records: list[RunRecord], key: str, title: str, log: bool) -> None:
+    for record in records:
+        updates, values = _series(record, key)
+        if log:
+            values = [max(v, 1e-12) for v in values]  # an exact 0 cannot sit on a log axis
+        ax.plot(updates, values, label=_display(record.method), linewidth=1.2, **METHOD_STYLES[record.method])
+    if log:
+        ax.set_yscale("log")
+    ax.set_title(f"{title} (seed {records[0].seed})")
+    ax.set_xlabel("optimizer updates")
+
+
+def _panels(
+    records: list[RunRecord], methods: list[str], seed: int, scope: str
+) -> list[tuple[str, callable]]:
+    """(file name, draw function on an Axes) for each panel of Figure 4."""
+    first = [r for r in records if r.seed == seed]
+    first.sort(key=lambda r: methods.index(r.method))
+    return [
+        ("accuracy.png", lambda ax: _plot_accuracy(ax, records, methods, scope)),
+        (
+            "log_ratio.png",
+            lambda ax: _plot_diagnostic(ax, first, "mismatch/drift", "token-mean |log π_θ/μ|", log=True),
+        ),
+        (
+            "ess.png",
+            lambda ax: _plot_diagnostic(ax, first, "mismatch/ess_block", "normalized sequence ESS", log=True),
+        ),
+        (
+            "grad_norm.png",
+            lambda ax: _plot_diagnostic(ax, first, "optim/grad_norm", "gradient norm", log=False),
+        ),
+    ]
+
+
+def write_figures(records: list[RunRecord], methods: list[str], seeds: list[int], out: Path) -> list[Path]:
+    """figure.png (the four panels of the paper's Figure 4 side by side) and one PNG per panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    scope = eval_scopes(records)[-1]  # the suite when there are several benchmarks
+    panels = _panels(records, methods, seeds[0], scope)
+    written = []
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), constrained_layout=True)
+    for ax, (_, draw) in zip(axes, panels, strict=True):
+        draw(ax)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncol=len(labels), frameon=False)
+    figure.savefig(out / "figure.png", dpi=120)
+    plt.close(figure)
+    written.append(out / "figure.png")
+    for name, draw in panels:
+        figure, ax = plt.subplots(figsize=(5.2, 3.8), constrained_layout=True)
+        draw(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(frameon=False, fontsize="small")
+        figure.savefig(out / name, dpi=120)
+        plt.close(figure)
+        written.append(out / name)
+    return written

@@ -1,0 +1,184 @@
+"""`ggpo compare`: the data-plan check, tables over seeds, run reuse, and the report from a real pool."""
+
+import csv
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ggpo_offline.compare import CompareConfig, compare, run_configs
+from ggpo_offline.errors import UserError
+from ggpo_offline.report import RunRecord, check_data_plans, write_tables
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _report(mean: float, pass4: float) -> dict:
+    scores = {"num_problems": 10, "mean@n": mean, "pass@1": mean, "pass@4": pass4}
+    return {"n": 4, "ks": [1, 4], "benchmarks": {"arith-test": dict(scores)}, "suite": dict(scores)}
+
+
+def _record(method: str, seed: int, plan: str = "plan", pool: str = "pool", evals=None) -> RunRecord:
+    return RunRecord(
+        method=method,
+        seed=seed,
+        run_dir=Path(f"runs/{method}-s{seed}"),
+        config={"eval_n": 4},
+        result={"pool_fingerprint": pool, "data_order_fingerprint": plan},
+        evals=evals or {0: _report(0.3, 0.6)},
+        metrics=[],
+    )
+
+
+def test_compare_refuses_runs_of_a_seed_that_did_not_share_a_data_plan():
+    runs = [
+        _record("grpo", 1, "a"),
+        _record("ggpo", 1, "a"),
+        _record("grpo", 2, "b"),
+        _record("ggpo", 2, "b"),
+    ]
+    assert check_data_plans(runs) == {1: "a", 2: "b"}
+    with pytest.raises(
+        UserError, match=r"seed 2: the runs do not share one data plan \(grpo-s2 b, ggpo-s2 c"
+    ):
+        check_data_plans(runs[:3] + [_record("ggpo", 2, "c")])
+    with pytest.raises(UserError, match="trained on 2 different pools; refusing to report"):
+        check_data_plans([_record("grpo", 1, pool="p"), _record("ggpo", 1, pool="q")])
+
+
+def test_tables_report_mean_and_sample_std_over_seeds(tmp_path):
+    finals = {
+        ("grpo", 1): (0.30, 0.60),
+        ("grpo", 2): (0.40, 0.70),
+        ("ggpo", 1): (0.50, 0.90),
+        ("ggpo", 2): (0.52, 0.80),
+    }
+    records = [
+        _record(method, seed, evals={0: _report(0.25, 0.5), 8: _report(*scores)})
+        for (method, seed), scores in finals.items()
+    ]
+    markdown = write_tables(records, ["grpo", "ggpo"], [1, 2], tmp_path)
+    grpo_std = statistics.stdev([30.0, 40.0])  # sample std, ddof = 1: 7.07
+    assert f"| 8 | 35.00 ± {grpo_std:.2f} | 51.00 ± 1.41 |" in markdown
+    assert "| 0 | 25.00 ± 0.00 | 25.00 ± 0.00 |" in markdown
+    assert f"| GRPO | 35.00 ± {grpo_std:.2f} | 35.00 ± {grpo_std:.2f} | 65.00 ± {grpo_std:.2f} |" in markdown
+    assert "| base model | 25.00 ± 0.00 | 25.00 ± 0.00 | 50.00 ± 0.00 |" in markdown
+    with (tmp_path / "table.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    row = next(
+        r for r in rows if r["table"] == "pass_at_k" and r["method"] == "ggpo" and r["metric"] == "pass@4"
+    )
+    assert float(row["mean"]) == pytest.approx(85.0) and float(row["std"]) == pytest.approx(
+        statistics.stdev([90, 80])
+    )
+    assert row["update"] == "8" and row["seeds"] == "2" and row["values"] == "90 80"
+
+
+def test_compare_settings_are_checked_before_any_work(vllm_pool, tmp_path):
+    config = CompareConfig(pool=vllm_pool, methods=("grpo", "ppo"), out=tmp_path / "r")
+    with pytest.raises(UserError, match="unknown method 'ppo'"):
+        run_configs(config)
+    with pytest.raises(UserError, match="a seed is listed twice"):
+        run_configs(replace(config, methods=("grpo",), seeds=(1, 1)))
+    with pytest.raises(UserError, match="compare chooses seed for each run"):
+        run_configs(replace(config, methods=("grpo",), settings={"seed": 3}))
+    runs = run_configs(replace(config, methods=("grpo", "ggpo"), seeds=(5,), preset="tiny"))
+    assert [r.run_dir for r in runs] == [
+        tmp_path / "r" / "runs" / "grpo-s5",
+        tmp_path / "r" / "runs" / "ggpo-s5",
+    ]
+    assert {r.eval_every for r in runs} == {20}  # U/5 of the tiny preset's 100 updates
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(UserError, match="is not empty and holds no comparison report"):
+        compare(replace(config, methods=("grpo",), out=tmp_path / "mine"))
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.vllm
+def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vllm_engine, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from ggpo_offline.tracking import read_metric_series
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    settings = {
+        "updates": 4,
+        "groups_per_batch": 2,
+        "eval_every": 2,
+        "eval_n": 4,
+        "eval_num_problems": 8,
+        "eval_ks": (1, 2, 4),
+        "tracking_uri": uri,
+    }
+    config = CompareConfig(
+        pool=vllm_pool,
+        methods=("grpo", "ggpo"),
+        seeds=(1, 2),
+        preset="tiny",
+        settings=settings,
+        out=tmp_path / "r",
+    )
+    result = compare(config, engine=vllm_engine)
+    report = tmp_path / "r"
+    assert result.actions == {"grpo-s1": "train", "ggpo-s1": "train", "grpo-s2": "train", "ggpo-s2": "train"}
+    for name in ("table.md", "table.csv", "README.md", "compare.json"):
+        assert (report / name).stat().st_size > 0
+    for name in ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png"):
+        assert (report / name).read_bytes()[:8] == PNG_SIGNATURE
+
+    # One data plan per seed, shared by both methods and recorded in the README.
+    by_seed = {}
+    for record in result.records:
+        by_seed.setdefault(record.seed, set()).add(record.result["data_order_fingerprint"])
+    assert {seed: len(prints) for seed, prints in by_seed.items()} == {1: 1, 2: 1}
+    assert result.data_plans == {seed: prints.pop() for seed, prints in by_seed.items()}
+    readme = (report / "README.md").read_text()
+    assert all(fingerprint in readme for fingerprint in result.data_plans.values())
+    assert "ggpo compare --pool" in readme and "--eval-k 1,2,4" in readme
+
+    # The base model is evaluated once and shared; the table's entries are the seed means of the reports.
+    base_counts = {json.dumps(r.evals[0]["benchmarks"]["arith-test"]["counts"]) for r in result.records}
+    assert len(base_counts) == 1 and sorted(result.records[0].evals) == [0, 2, 4]
+    grpo = [
+        r.evals[4]["benchmarks"]["arith-test"]["mean@n"] * 100 for r in result.records if r.method == "grpo"
+    ]
+    with (report / "table.csv").open() as handle:
+        row = next(
+            r
+            for r in csv.DictReader(handle)
+            if r["table"] == "accuracy" and r["method"] == "grpo" and r["update"] == "4"
+        )
+    assert float(row["mean"]) == pytest.approx(statistics.fmean(grpo), abs=1e-6)
+
+    # MLflow: one parent, the runs nested under it, eval scores logged at the evaluated updates.
+    client = MlflowClient(tracking_uri=uri)
+    for record in result.records:
+        run = client.get_run(record.result["run_id"])
+        assert run.data.tags["mlflow.parentRunId"] == result.parent_run_id
+        series = read_metric_series(uri, record.result["run_id"])
+        assert [step for step, _ in series["eval/arith-test/mean_at_4"]] == [0, 2, 4]
+    artifacts = {a.path for a in client.list_artifacts(result.parent_run_id, "report")}
+    assert {"report/table.md", "report/figure.png", "report/README.md"} <= artifacts
+
+    # Adding a seed trains only the new runs; finished runs are reused untouched.
+    stamps = {p: p.stat().st_mtime_ns for p in (report / "runs").rglob("metrics.jsonl")}
+    bigger = compare(replace(config, seeds=(1, 2, 3)), engine=vllm_engine)
+    assert bigger.actions == {
+        "grpo-s1": "reuse", "ggpo-s1": "reuse", "grpo-s2": "reuse", "ggpo-s2": "reuse",
+        "grpo-s3": "train", "ggpo-s3": "train",
+    }  # fmt: skip
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert "seeds 1, 2, 3" in (report / "table.md").read_text()
+    reused_parent = client.get_run(result.records[0].result["run_id"]).data.tags["mlflow.parentRunId"]
+    assert reused_parent == bigger.parent_run_id
+
+    # Other settings never silently replace finished runs; --rerun does, with identical results.
+    with pytest.raises(UserError, match="holds a run with other settings or another pool; pass --rerun"):
+        compare(replace(config, settings={**settings, "lr": 1e-5}), engine=vllm_engine)
+    rerun = compare(replace(config, rerun=True), engine=vllm_engine)
+    assert set(rerun.actions.values()) == {"replace"}
+    assert [r.metrics for r in rerun.records] == [r.metrics for r in result.records]
