@@ -66,17 +66,19 @@ def test_sampling_settings_come_from_the_pool_unless_given(tmp_path):
         "schema_version": 1,
         "sampling": {"m": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_tokens": 96, "seed": 3},
         "prompt_template": {"kind": "chat"},
+        "dtype": "bfloat16",
     }
     pool = write_synthetic_pool(tmp_path / "p.parquet", metadata=meta)
-    sampling, template = resolve_sampling(EvalConfig(pool=pool, n=16, seed=5))
+    sampling, template, dtype = resolve_sampling(EvalConfig(pool=pool, n=16, seed=5))
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens) == (0.7, 0.9, 20, 96)
-    assert (sampling.m, sampling.seed, template) == (16, 5, "chat")
-    sampling, template = resolve_sampling(EvalConfig(pool=pool, temperature=1.0, top_k=0, template="plain"))
+    assert (sampling.m, sampling.seed, template, dtype) == (16, 5, "chat", "bfloat16")
+    given = EvalConfig(pool=pool, temperature=1.0, top_k=0, template="plain", dtype="float32")
+    sampling, template, dtype = resolve_sampling(given)
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens) == (1.0, 0.9, 0, 96)
-    assert template == "plain"
-    sampling, template = resolve_sampling(EvalConfig(max_tokens=64))
+    assert (template, dtype) == ("plain", "float32")
+    sampling, template, dtype = resolve_sampling(EvalConfig(max_tokens=64))
     assert (sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens) == (1.0, 1.0, 0, 64)
-    assert (sampling.m, template) == (32, "auto")
+    assert (sampling.m, template, dtype) == (32, "auto", "auto")
     bare = write_synthetic_pool(tmp_path / "bare.parquet")
     with pytest.raises(UserError, match="no sampling.temperature"):
         resolve_sampling(EvalConfig(pool=bare))

@@ -366,7 +366,7 @@ def train(
             if on_update is not None:
                 on_update(update, metrics)
             saving = config.save_every is not None and trainer.update % config.save_every == 0
-            if saving or eval_due(config, trainer.update):
+            if saving or trainer.update == config.updates or eval_due(config, trainer.update):
                 flush()  # metrics reach the store together with the checkpoint that reproduces them
                 save_checkpoint(
                     checkpoint_dir(run_dir, trainer.update),
