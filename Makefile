@@ -30,11 +30,13 @@ $(PROJECT_STAMP): $(ENGINE_STAMP) pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
 
+# The main job on the embedded default: a pool (if absent), then four methods x two seeds on it.
 demo: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
 	$(BIN)/ggpo pool validate $(POOL)
-	$(BIN)/ggpo pool inspect $(POOL)
+	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234
+	@echo "report: reports/$(basename $(notdir $(POOL)))/README.md"
 
 test: setup
 	$(BIN)/pytest -q -ra --durations=10

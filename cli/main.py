@@ -26,7 +26,7 @@ def generate_pool(
     solution_key: str = typer.Option(
         None, help="Solution column whose last \\boxed{} is the gold when there is no answer column."
     ),
-    num_prompts: int = typer.Option(None, help="Number of prompts [default: arith 4000, files all rows]."),
+    num_prompts: int = typer.Option(None, help="Number of prompts [default: arith 2000, files all rows]."),
     samples_per_prompt: int = typer.Option(
         8, "--samples-per-prompt", "-m", help="Responses per prompt (group size m)."
     ),
@@ -93,7 +93,7 @@ def pool_validate(path: Path = typer.Argument(..., help="Pool file.")) -> None:
 def train(
     pool: Path = typer.Option(None, help="Pool to replay [default: pools/base.parquet]."),
     method: str = typer.Option(None, help="ggpo, ggpo-clip, agro, grpo or grpo-tis [default: ggpo]."),
-    preset: str = typer.Option(None, help="paper-offline (SPEC defaults) or tiny (embedded model, ~2 min)."),
+    preset: str = typer.Option(None, help="paper-offline (SPEC defaults) or tiny (embedded model, ~40 s)."),
     config: Path = typer.Option(None, help="TOML/YAML/JSON file of settings (flags override it)."),
     model: str = typer.Option(None, help="Initial policy folder [default: the pool's model]."),
     seed: int = typer.Option(None, help="Seed of the data plan and torch [default: 42]."),

@@ -27,7 +27,7 @@ from ggpo_offline.rollout import (
 )
 
 DEFAULT_POOL = Path("pools/base.parquet")
-DEFAULT_ARITH_PROMPTS = 4000
+DEFAULT_ARITH_PROMPTS = 2000
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class GenerateConfig:
     answer_key: str | None = None
     solution_key: str | None = None
     num_prompts: int | None = None
-    """How many prompts (files: the first N rows; arith: N drawn problems, default 4000). None = all."""
+    """How many prompts (files: the first N rows; arith: N drawn problems, default 2000). None = all."""
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     engine: str = "vllm"
     dtype: str = "auto"
