@@ -3,7 +3,7 @@
 import json
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,6 +29,7 @@ MARKER = "compare.json"
 RUNS_FOLDER = "runs"
 PER_RUN = ("pool", "method", "seed", "out")
 """Settings compare chooses for each run; everything else is shared by all runs."""
+TRACKING_SETTINGS = ("tracking_uri", "experiment", "no_tracking")
 
 
 @dataclass(frozen=True)
@@ -91,15 +92,7 @@ def run_configs(config: CompareConfig) -> list[TrainConfig]:
                 out=config.report_dir / RUNS_FOLDER / f"{method}-s{seed}",
             )
             if run.eval_every is None:
-                run = resolve_config(
-                    config.preset,
-                    config.config_file,
-                    **{**config.settings, "eval_every": max(1, run.updates // EVALUATIONS_PER_RUN)},
-                    pool=Path(config.pool),
-                    method=method,
-                    seed=seed,
-                    out=run.out,
-                )
+                run = replace(run, eval_every=max(1, run.updates // EVALUATIONS_PER_RUN))
             runs.append(run)
     return runs
 
@@ -141,8 +134,8 @@ def _action(run: TrainConfig, fingerprints: dict, rerun: bool) -> str:
     if rerun:
         return "replace"
     config_file = run_dir / "config.json"
-    saved = json.loads(config_file.read_text()) if config_file.is_file() else None
-    if saved != {**run.to_dict(), **fingerprints}:
+    saved = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if _without_tracking(saved) != _without_tracking({**run.to_dict(), **fingerprints}):
         raise UserError(
             f"{run_dir} holds a run with other settings or another pool; pass --rerun to replace it "
             "or --out to report elsewhere"
@@ -150,6 +143,11 @@ def _action(run: TrainConfig, fingerprints: dict, rerun: bool) -> str:
     if (run_dir / RESULT_FILE).is_file():
         return "reuse"
     return "resume" if latest_checkpoint(run_dir) is not None else "replace"
+
+
+def _without_tracking(settings: dict) -> dict:
+    """Where a run was logged does not change its results, so it does not block reuse."""
+    return {k: v for k, v in settings.items() if k not in TRACKING_SETTINGS}
 
 
 def _check_report_dir(report_dir: Path) -> None:
@@ -237,12 +235,13 @@ def _execute(run: PlannedRun, evaluator, parent_run_id, on_update, on_eval) -> N
 
 
 def _adopt_children(shared: TrainConfig, parent_run_id: str, records: list[RunRecord]) -> None:
-    """Reused runs belong to an earlier comparison's parent; nest them under this one."""
+    """Reused runs belong to an earlier comparison's parent; nest those of this store under this one."""
     from ggpo_offline import tracking
 
+    store = shared.tracking_uri or tracking.default_tracking_uri()
     for record in records:
         run_id, uri = record.result.get("run_id"), record.result.get("tracking_uri")
-        if run_id is not None and uri is not None:
+        if run_id is not None and uri == store:
             tracking.set_parent(uri, run_id, parent_run_id)
 
 

@@ -85,6 +85,8 @@ class EvalConfig:
     """Time limit of one response's scoring; past it the response scores 0."""
     batch_prompts: int = 256
     """Problems per engine call."""
+    gpu_memory_fraction: float | None = None
+    """vLLM's share of the GPU when it shares it with a learner; None = vLLM's default (0.9)."""
     out: Path | None = None
     """Where to write the JSON report; None = return it only."""
     overwrite: bool = False
@@ -301,6 +303,7 @@ class Evaluator:
                 self.dtype,
                 longest + self.sampling.max_tokens,
                 self.sampling.seed,
+                self.config.gpu_memory_fraction,
             )
         elif self._engine_model != model_dir:
             self._engine.load_weights(model_dir)

@@ -201,3 +201,30 @@ def test_every_library_package_is_listed_for_installation():
         ".".join(path.parent.relative_to(REPO).parts) for path in (REPO / "ggpo_offline").rglob("__init__.py")
     }
     assert found | {"ggpo_cli"} == listed
+
+
+def test_compare_command_reports_and_refuses_bad_input(vllm_pool, tmp_path):
+    out = tmp_path / "report"
+    args = ["compare", "--pool", str(vllm_pool), "--methods", "grpo,ggpo", "--seeds", "3", "--updates", "2"]
+    args += ["--groups-per-batch", "2", "--eval-every", "2", "--eval-n", "2", "--eval-k", "1,2"]
+    args += ["--eval-num-problems", "4", "--eval-engine", "hf", "--no-tracking", "--out", str(out)]
+    result = ggpo(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    fingerprint = json.loads((out / "runs" / "ggpo-s3" / "result.json").read_text())["data_order_fingerprint"]
+    assert f"seed 3: data-order fingerprint {fingerprint} shared by all 2 runs" in result.stdout
+    assert "| update | GRPO | GGPO |" in result.stdout and f"report: {out}/README.md" in result.stdout
+    assert "[1/2] grpo-s3: training" in result.stderr
+
+    again = ggpo(*args, cwd=tmp_path)
+    assert again.returncode == 0 and "[2/2] ggpo-s3: reusing" in again.stderr
+    assert_one_error_line(ggpo(*args, "--lr", "0.5", cwd=tmp_path), "pass --rerun to replace it")
+    assert_one_error_line(ggpo(*args[:4], "ppo", cwd=tmp_path), "unknown method 'ppo'")
+    assert_one_error_line(
+        ggpo(*args[:6], "1,x", cwd=tmp_path), "--seeds must be comma-separated whole numbers"
+    )
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "a.txt").write_text("x")
+    assert_one_error_line(
+        ggpo("compare", "--pool", str(vllm_pool), "--out", str(tmp_path / "mine"), cwd=tmp_path),
+        "holds no comparison report",
+    )

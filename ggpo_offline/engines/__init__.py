@@ -7,12 +7,29 @@ from ggpo_offline.engines.base import Engine, Sample, SamplingSettings, prompt_s
 ENGINES = ("vllm", "hf")
 
 
-def load_engine(name: str, model_dir: Path, dtype: str, max_model_len: int, seed: int) -> Engine:
-    """Start the named engine on a local model folder; vLLM is imported only here, on demand."""
+def load_engine(
+    name: str,
+    model_dir: Path,
+    dtype: str,
+    max_model_len: int,
+    seed: int,
+    gpu_memory_fraction: float | None = None,
+) -> Engine:
+    """Start the named engine on a local model folder; vLLM is imported only here, on demand.
+
+    ``gpu_memory_fraction`` caps vLLM's share of a GPU (weights + KV cache) when it shares the device with
+    a learner; None = vLLM's default (0.9). It has no effect on CPU or for the hf engine.
+    """
     if name == "vllm":
         from ggpo_offline.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(model_dir, dtype=dtype, max_model_len=max_model_len, seed=seed)
+        return VllmEngine(
+            model_dir,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            gpu_memory_fraction=gpu_memory_fraction,
+        )
     if name == "hf":
         from ggpo_offline.engines.hf_engine import HfEngine
 

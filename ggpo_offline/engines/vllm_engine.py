@@ -12,7 +12,7 @@ from ggpo_offline.model_io import eos_token_ids
 LOGPROBS_MODE = "processed_logprobs"
 
 
-def prepare_environment() -> dict:
+def prepare_environment(gpu_memory_fraction: float | None = None) -> dict:
     """Environment and engine options for this platform; the user's own environment settings win.
 
     vLLM's CPU build refuses to start without a KV-cache size (1 GiB here), and on CPU one process
@@ -21,7 +21,7 @@ def prepare_environment() -> dict:
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings are about CPU tuning, not results
     if torch.cuda.is_available():
-        return {}
+        return {} if gpu_memory_fraction is None else {"gpu_memory_utilization": gpu_memory_fraction}
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # Small KV blocks let the m samples of a short prompt share its cached prefix (1.5x faster here).
@@ -44,8 +44,15 @@ def repack_tied_lm_head(model: torch.nn.Module) -> None:
 class VllmEngine:
     """``vllm.LLM`` over a local model folder; prompts go in as token ids, so both engines see the same."""
 
-    def __init__(self, model_dir: Path, dtype: str, max_model_len: int, seed: int):
-        platform_options = prepare_environment()
+    def __init__(
+        self,
+        model_dir: Path,
+        dtype: str,
+        max_model_len: int,
+        seed: int,
+        gpu_memory_fraction: float | None = None,
+    ):
+        platform_options = prepare_environment(gpu_memory_fraction)
         from vllm import LLM
 
         self.dtype = dtype

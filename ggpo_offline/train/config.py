@@ -85,6 +85,8 @@ class TrainConfig:
     """Generation engine of the evaluation: vllm or hf."""
     eval_seed: int = 0
     """Sampling seed of the evaluation, the same at every update so that only the weights change."""
+    eval_gpu_memory_fraction: float = 0.3
+    """On a GPU, the share of its memory the evaluation's vLLM engine may take beside the learner."""
 
     @property
     def run_name(self) -> str:
@@ -219,6 +221,7 @@ def validate_config(config: TrainConfig) -> None:
         (config.threads is None or config.threads >= 1, "--threads must be >= 1"),
         (config.eval_every is None or config.eval_every >= 1, "--eval-every must be >= 1"),
         (config.eval_n >= 1, f"--eval-n must be >= 1, got {config.eval_n}"),
+        (0 < config.eval_gpu_memory_fraction < 1, "eval_gpu_memory_fraction must be between 0 and 1"),
         (all(k >= 1 for k in config.eval_ks), "--eval-k values must be >= 1"),
         (
             config.eval_num_problems is None or config.eval_num_problems >= 1,

@@ -20,6 +20,7 @@ def eval_config(config: TrainConfig, initial_model: Path) -> EvalConfig:
         pool=Path(config.pool),
         seed=config.eval_seed,
         engine=config.eval_engine,
+        gpu_memory_fraction=config.eval_gpu_memory_fraction,
     )
 
 
