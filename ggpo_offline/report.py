@@ -4,6 +4,7 @@ import csv
 import json
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,7 +240,17 @@ def _plot_diagnostic(ax, records: list[RunRecord], key: str, title: str, log: bo
         updates, values = _series(record, key)
         if log:
             values = [max(v, 1e-12) for v in values]  # an exact 0 cannot sit on a log axis
-        ax.plot(updates, values, label=_display(record.method), linewidth=1.2, **METHOD_STYLES[record.method])
+        marker = "o" if len(values) <= 20 else None  # sparse series (block ESS): show where the points are
+        style = METHOD_STYLES[record.method]
+        ax.plot(
+            updates,
+            values,
+            label=_display(record.method),
+            linewidth=1.2,
+            marker=marker,
+            markersize=3,
+            **style,
+        )
     if log:
         ax.set_yscale("log")
     ax.set_title(f"{title} (seed {records[0].seed})")
@@ -248,7 +259,7 @@ def _plot_diagnostic(ax, records: list[RunRecord], key: str, title: str, log: bo
 
 def _panels(
     records: list[RunRecord], methods: list[str], seed: int, scope: str
-) -> list[tuple[str, callable]]:
+) -> list[tuple[str, Callable]]:
     """(file name, draw function on an Axes) for each panel of Figure 4."""
     first = [r for r in records if r.seed == seed]
     first.sort(key=lambda r: methods.index(r.method))

@@ -209,7 +209,7 @@ def test_config_precedence_defaults_preset_file_flags(tmp_path):
     path.write_text('method = "agro"\ngroups-per-batch = 4\nref_refresh = "never"\nlr = 5e-5\n')
     config = resolve_config("tiny", path, lr=1e-3)
     assert (config.method, config.groups_per_batch, config.ref_refresh, config.lr) == ("agro", 4, None, 1e-3)
-    assert config.updates == 100 and config.beta == 0.01  # preset, then SPEC default
+    assert config.updates == 30 and config.beta == 0.01  # preset, then SPEC default
     assert resolve_config("paper-offline").groups_per_batch == 32
     assert resolve_config(None, None, method="grpo").effective_ref_refresh is None
     (tmp_path / "bad.toml").write_text("warmup = 3\n")
@@ -220,6 +220,13 @@ def test_config_precedence_defaults_preset_file_flags(tmp_path):
     (tmp_path / "typed.yaml").write_text("updates: ten\n")
     with pytest.raises(UserError, match="updates must be int, got 'ten'"):
         resolve_config(None, tmp_path / "typed.yaml")
+    (tmp_path / "lists.toml").write_text('eval_datasets = ["arith:test", "m.jsonl"]\neval-ks = "1, 4"\n')
+    config = resolve_config(None, tmp_path / "lists.toml", eval_n=4)
+    assert (config.eval_datasets, config.eval_ks, config.eval_n) == (("arith:test", "m.jsonl"), (1, 4), 4)
+    assert config.to_dict()["eval_ks"] == [1, 4]  # as stored in config.json and compared on --resume
+    (tmp_path / "badlist.toml").write_text('eval_ks = ["one"]\n')
+    with pytest.raises(UserError, match="eval_ks must be a list of int"):
+        resolve_config(None, tmp_path / "badlist.toml")
 
 
 @pytest.mark.vllm
