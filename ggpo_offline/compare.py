@@ -135,19 +135,36 @@ def _action(run: TrainConfig, fingerprints: dict, rerun: bool) -> str:
         return "replace"
     config_file = run_dir / "config.json"
     saved = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    if _without_tracking(saved) != _without_tracking({**run.to_dict(), **fingerprints}):
+    differing = _differences(saved, {**run.to_dict(), **fingerprints})
+    if differing:
         raise UserError(
-            f"{run_dir} holds a run with other settings or another pool; pass --rerun to replace it "
-            "or --out to report elsewhere"
+            f"{run_dir} holds a run with other settings or another pool ({differing}); pass --rerun to "
+            "replace it or --out to report elsewhere"
         )
     if (run_dir / RESULT_FILE).is_file():
         return "reuse"
     return "resume" if latest_checkpoint(run_dir) is not None else "replace"
 
 
-def _without_tracking(settings: dict) -> dict:
-    """Where a run was logged does not change its results, so it does not block reuse."""
-    return {k: v for k, v in settings.items() if k not in TRACKING_SETTINGS}
+def _differences(saved: dict, expected: dict) -> str:
+    """The settings in which a saved run differs from the one wanted, as ``name: saved -> wanted``.
+
+    Where a run was logged does not change its results, and a setting the run predates counts as
+    matching when the wanted value is that setting's default (the run behaved as the default does).
+    """
+    defaults = TrainConfig().to_dict()
+    missing = object()
+    differing = []
+    for key in sorted(set(saved) | set(expected)):
+        old, new = saved.get(key, missing), expected.get(key, missing)
+        if key in TRACKING_SETTINGS or old == new:
+            continue
+        if old is missing and key in defaults and new == defaults[key]:
+            continue
+        differing.append(
+            f"{key}: {'unset' if old is missing else old} -> {'unset' if new is missing else new}"
+        )
+    return ", ".join(differing)
 
 
 def _check_report_dir(report_dir: Path) -> None:

@@ -177,8 +177,16 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vl
     assert reused_parent == bigger.parent_run_id
 
     # Other settings never silently replace finished runs; --rerun does, with identical results.
-    with pytest.raises(UserError, match="holds a run with other settings or another pool; pass --rerun"):
+    with pytest.raises(
+        UserError, match=r"other settings or another pool \(lr: 0.0001 -> 1e-05\); pass --rerun"
+    ):
         compare(replace(config, settings={**settings, "lr": 1e-5}), engine=vllm_engine)
+    # A setting added after a run was made counts as matching when the wanted value is its default.
+    saved_config = report / "runs" / "grpo-s1" / "config.json"
+    older = json.loads(saved_config.read_text())
+    del older["eval_gpu_memory_fraction"]
+    saved_config.write_text(json.dumps(older))
+    assert compare(config, engine=vllm_engine).actions["grpo-s1"] == "reuse"
     rerun = compare(replace(config, rerun=True), engine=vllm_engine)
     assert set(rerun.actions.values()) == {"replace"}
     assert [r.metrics for r in rerun.records] == [r.metrics for r in result.records]
