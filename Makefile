@@ -36,7 +36,6 @@ demo: setup
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
 	$(BIN)/ggpo pool validate $(POOL)
 	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234
-	@echo "report: reports/$(basename $(notdir $(POOL)))/README.md"
 
 test: setup
 	$(BIN)/pytest -q -ra --durations=10
