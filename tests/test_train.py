@@ -14,7 +14,7 @@ from ggpo_offline.errors import UserError
 from ggpo_offline.pool.schema import METADATA_KEY
 from ggpo_offline.train.batch import MinibatchReader
 from ggpo_offline.train.config import TrainConfig, resolve_config
-from ggpo_offline.train.logprobs import response_logprobs
+from ggpo_offline.train.logprobs import full_vocab_logprobs, response_logprobs
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches
 from ggpo_offline.train.trainer import train
 
@@ -88,6 +88,37 @@ def test_response_logprobs_equal_a_per_row_forward_pass(vllm_pool, tiny_dir):
         expected = torch.log_softmax(logits, -1).gather(-1, ids[0, P:, None])[:, 0]
         torch.testing.assert_close(logp[i, :n].detach(), expected, atol=1e-5, rtol=0)
         assert torch.all(logp[i, n:] == 0) and torch.all(entropy[i, :n] > 0)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1024, 37])
+def test_chunked_logprobs_equal_the_full_vocabulary_computation(vllm_pool, tiny_dir, chunk_tokens):
+    """Values, entropy, GGPO loss and every parameter gradient match the straightforward path in fp32."""
+    from transformers import AutoModelForCausalLM
+
+    from ggpo_offline.losses import ggpo_loss
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32)
+    index = index_pool(vllm_pool)
+    batch = MinibatchReader(vllm_pool, index, pad_id=0).read(index.mixed_group_ids[:3].tolist())
+    mask = batch.mask
+    results = []
+    for compute in (full_vocab_logprobs, functools.partial(response_logprobs, chunk_tokens=chunk_tokens)):
+        model.zero_grad()
+        logp, entropy = compute(model, batch, with_entropy=True)
+        out = ggpo_loss(
+            logp, batch.behavior_logp, mask, batch.rewards, group_size=batch.group_size, beta=0.01
+        )
+        out.loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        results.append((logp.detach(), entropy, out.loss.detach(), grads))
+    (logp_a, ent_a, loss_a, grads_a), (logp_b, ent_b, loss_b, grads_b) = results
+    torch.testing.assert_close(logp_b, logp_a, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_b, ent_a, atol=1e-5, rtol=0)
+    torch.testing.assert_close(loss_b, loss_a, atol=1e-6, rtol=1e-6)
+    for grad_a, grad_b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(grad_b, grad_a, atol=1e-6, rtol=1e-4)
+    with torch.no_grad():  # the reference / old-policy passes
+        torch.testing.assert_close(response_logprobs(model, batch)[0], logp_a, atol=1e-5, rtol=0)
 
 
 def test_update_zero_mismatch_is_exactly_zero_on_a_float32_hf_pool(hf_pool, tmp_path):
