@@ -8,7 +8,7 @@ ENGINE_STAMP := $(VENV)/.engine-$(if $(GPU),gpu,cpu)
 PROJECT_STAMP := $(VENV)/.project
 POOL ?= pools/base.parquet
 
-.PHONY: setup demo test lint clean-venv
+.PHONY: setup demo test bench lint clean-venv
 
 setup: $(PROJECT_STAMP)
 
@@ -39,6 +39,16 @@ demo: setup
 
 test: setup
 	$(BIN)/pytest -q -ra --durations=10
+
+# Speed and memory, each printed as ratios against a baseline measured in the same run -> bench/results.md
+bench: setup
+	@{ echo "# Benchmarks"; echo; echo "Measured by \`make bench\` on $$(nproc) CPU cores, $$(date -u +%Y-%m-%d)."; \
+	echo; echo "## 1. Learner step: chunked log-probs vs the full-vocabulary log-softmax"; echo; \
+	$(BIN)/python bench/learner_step.py; \
+	echo; echo "## 3. Generation: vLLM vs the hf engine"; echo; $(BIN)/python bench/generation.py 2>/dev/null; \
+	echo; echo "## 4. Reward: math-verify workers"; echo; $(BIN)/python bench/reward.py; } > bench/results.md.tmp
+	mv bench/results.md.tmp bench/results.md
+	cat bench/results.md
 
 lint: setup
 	$(BIN)/ruff check .
