@@ -43,10 +43,12 @@ test: setup
 # Speed and memory, each printed as ratios against a baseline measured in the same run -> bench/results.md
 bench: setup
 	@{ echo "# Benchmarks"; echo; echo "Measured by \`make bench\` on $$(nproc) CPU cores, $$(date -u +%Y-%m-%d)."; \
-	echo; echo "## 1. Learner step: chunked log-probs vs the full-vocabulary log-softmax"; echo; \
+	echo; echo "## 1-2. Learner step: chunked log-probs vs the full-vocabulary log-softmax; FLOP/s"; echo; \
 	$(BIN)/python bench/learner_step.py; \
 	echo; echo "## 3. Generation: vLLM vs the hf engine"; echo; $(BIN)/python bench/generation.py 2>/dev/null; \
-	echo; echo "## 4. Reward: math-verify workers"; echo; $(BIN)/python bench/reward.py; } > bench/results.md.tmp
+	echo; echo "## 4. Reward: math-verify workers"; echo; $(BIN)/python bench/reward.py; \
+	echo; echo "## 5. Pool streaming: a synthetic 1M-response pool"; echo; $(BIN)/python bench/pool_streaming.py; \
+	echo; echo "## 6. make demo by stage"; echo; $(BIN)/python bench/demo_stages.py; } > bench/results.md.tmp
 	mv bench/results.md.tmp bench/results.md
 	cat bench/results.md
 

@@ -1,4 +1,5 @@
-"""Benchmark 1: learner step (forward + backward + GGPO loss) tokens/s and peak RSS, chunked vs full-vocab.
+"""Benchmarks 1 and 2: learner step (forward + backward + GGPO loss) tokens/s and peak RSS, chunked vs
+full-vocab, and its achieved FLOP/s (≈ 6 · params · tokens) as a fraction of this machine's matmul peak.
 
 Each measurement runs in its own process so that its peak RSS is its own. Printed as ratios against the
 straightforward path (`full_vocab_logprobs`) measured in the same run on the same machine.
@@ -62,6 +63,7 @@ def measure(path: str, vocab: int, steps: int) -> dict:
     compute = full_vocab_logprobs if path == "full" else response_logprobs
     batch = _batch(vocab, groups=1, m=4, prompt=64, lengths=(256, 1024), seed=0)
     tokens = int(batch.mask.sum())
+    processed = int(batch.attention_mask.sum())  # prompt + response tokens through the decoder
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
@@ -77,8 +79,22 @@ def measure(path: str, vocab: int, steps: int) -> dict:
     seconds = (time.perf_counter() - start) / steps
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     params = sum(p.numel() for p in model.parameters())
-    return {"path": path, "vocab": vocab, "tokens": tokens, "seconds": seconds, "peak_rss_mb": peak_mb,
-            "params": params}  # fmt: skip
+    return {"path": path, "vocab": vocab, "tokens": tokens, "processed": processed, "seconds": seconds,
+            "peak_rss_mb": peak_mb, "params": params}  # fmt: skip
+
+
+def matmul_peak_flops(size: int = 1024, seconds: float = 2.0) -> float:
+    """This machine's fp32 matmul throughput (FLOP/s) with torch's default threads, best of short bursts."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for _ in range(4):
+            torch.mm(a, b)
+        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - start))
+    return best
 
 
 def main() -> None:
@@ -108,6 +124,13 @@ def main() -> None:
                 f"| {vocab:,} | {path} | {rate:,.0f} | {r['peak_rss_mb']:,.0f} | "
                 f"{rate / base_rate:.2f}x | {r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x |"
             )
+    peak = matmul_peak_flops()
+    print(f"\nfp32 matmul peak of this machine (1024² matmuls, same run): {peak / 1e9:,.1f} GFLOP/s\n")
+    print("| vocab | path | params | GFLOP/s (6·params·tokens) | fraction of matmul peak |")
+    print("|---:|---|---:|---:|---:|")
+    for (path, vocab), r in results.items():
+        achieved = 6 * r["params"] * r["processed"] / r["seconds"]
+        print(f"| {vocab:,} | {path} | {r['params']:,} | {achieved / 1e9:,.1f} | {achieved / peak:.1%} |")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,13 @@ from ggpo_cli import render
 
 from ggpo_offline.errors import UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Offline fixed-pool RLVR experiments.")
-pool_app = typer.Typer(no_args_is_help=True, help="Look at and check pool files.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,  # help texts say "[default: ...]"; rich markup would swallow the brackets
+    help="Offline fixed-pool RLVR experiments.",
+)
+pool_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Look at and check pool files.")
 app.add_typer(pool_app, name="pool")
 
 
