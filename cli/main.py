@@ -94,6 +94,19 @@ def pool_validate(path: Path = typer.Argument(..., help="Pool file.")) -> None:
     print(validate_pool(path).summary())
 
 
+@pool_app.command("score")
+def pool_score(
+    path: Path = typer.Argument(..., help="Pool file."),
+    model: str = typer.Option(None, help="Initial policy folder [default: the pool's model]."),
+) -> None:
+    """Score the pool's mixed groups under the initial model once (the π0 cache every run shares)."""
+    from ggpo_offline.train.pi0_cache import ensure_pi0_cache
+
+    with render.ScoreProgress() as progress:
+        cache = ensure_pi0_cache(path, model, on_progress=progress.update)
+    print(f"π0 cache: {cache.path}")
+
+
 @app.command("train")
 def train(
     pool: Path = typer.Option(None, help="Pool to replay [default: pools/base.parquet]."),

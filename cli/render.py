@@ -112,6 +112,15 @@ def print_config(config) -> None:
     stdout.print(table)
 
 
+class ScoreProgress(_LazyProgress):
+    """Mixed groups scored under the initial model."""
+
+    label = "scoring π0"
+
+    def update(self, done: int, total: int) -> None:
+        self._report(done, total, info="groups")
+
+
 class TrainingProgress(_LazyProgress):
     """Updates done with loss, reward and drift."""
 

@@ -11,6 +11,7 @@ from ggpo_offline import __version__
 from ggpo_offline.engines import Engine
 from ggpo_offline.errors import UserError
 from ggpo_offline.evaluate import Evaluator
+from ggpo_offline.model_io import initial_model_dir
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.pool.schema import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
@@ -18,8 +19,10 @@ from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, load_run, 
 from ggpo_offline.train.checkpoint import latest_checkpoint
 from ggpo_offline.train.config import METHODS, TrainConfig, resolve_config
 from ggpo_offline.train.evaluation import eval_config
+from ggpo_offline.train.logprobs import default_device
+from ggpo_offline.train.pi0_cache import score_pool
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
-from ggpo_offline.train.trainer import RESULT_FILE, initial_model_dir, train
+from ggpo_offline.train.trainer import RESULT_FILE, train
 
 DEFAULT_METHODS = ("grpo", "grpo-tis", "agro", "ggpo")
 DEFAULT_SEEDS = (42, 1234, 2027)
@@ -208,8 +211,10 @@ def compare(
     try:
         parent.log_params({"methods": ",".join(config.methods), "seeds": ",".join(map(str, config.seeds))})
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
+        # π0's log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one).
+        initial_model = initial_model_dir(shared.model, read_pool_metadata(Path(config.pool)))
+        score_pool(Path(config.pool), initial_model, default_device())
         # One engine and one evaluation protocol for every run: the base model is evaluated once.
-        initial_model = initial_model_dir(shared, read_pool_metadata(Path(config.pool)))
         with Evaluator(eval_config(shared, initial_model), engine) as evaluator:
             for position, run in enumerate(planned):
                 if on_run is not None:

@@ -79,3 +79,11 @@ def eos_token_ids(model_dir: Path) -> set[int]:
         if tokenizer.eos_token_id is not None:
             ids.add(tokenizer.eos_token_id)
     return ids
+
+
+def initial_model_dir(model: str | None, pool_meta: dict) -> Path:
+    """``--model``, else the model that generated the pool (the embedded one wherever it is installed)."""
+    if model is not None:
+        return resolve_model_dir(model)
+    model = pool_meta.get("model", {})
+    return resolve_model_dir(None if model.get("name") == "embedded:tiny" else model.get("path"))

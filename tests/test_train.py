@@ -301,3 +301,57 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     # The borrowed session engine got the embedded model's weights back.
     base = evaluate(eval_config(config, tiny_dir), engine=vllm_engine)
     assert base["benchmarks"]["arith-test"]["counts"] == reports[0]["benchmarks"]["arith-test"]["counts"]
+
+
+def _logprobs_under(model_dir, batch) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return response_logprobs(model, batch)[0]
+
+
+def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, tiny_dir, tmp_path):
+    import shutil
+
+    from ggpo_offline.train.pi0_cache import Pi0Cache, cache_key, score_pool
+
+    pool = tmp_path / "pool.parquet"
+    shutil.copy(vllm_pool, pool)
+    device = torch.device("cpu")
+    cache = score_pool(pool, tiny_dir, device)
+    assert cache.path.parent == tmp_path and cache.path.name.startswith("pool.pi0-")
+    stamp = cache.path.stat().st_mtime_ns
+    assert score_pool(pool, tiny_dir, device).path == cache.path and cache.path.stat().st_mtime_ns == stamp
+    index = index_pool(pool)
+    batch = MinibatchReader(pool, index, pad_id=0).read(index.mixed_group_ids[[4, 1, 7]].tolist())
+    torch.testing.assert_close(cache.logprobs(batch), _logprobs_under(tiny_dir, batch), atol=1e-5, rtol=0)
+    wrong = {**cache_key(pool, tiny_dir, device), "weights_sha256": "0" * 64}
+    with pytest.raises(UserError, match="is not the π0 cache of this pool and model"):
+        Pi0Cache(cache.path, wrong)
+
+
+def test_scheduled_anchor_passes_equal_what_frozen_copies_would_compute(vllm_pool, tiny_dir, tmp_path):
+    """The reference after a refresh is the checkpointed weights of that update, before it π0; π_old is
+    the weights at its TIS block start. Recompute each from the checkpoints and compare the logged metrics."""
+    from ggpo_offline import diagnostics as diag
+
+    ggpo = train(_config(vllm_pool, tmp_path, ref_refresh=2, save_every=1, out=tmp_path / "g", lr=1e-3))
+    tis = train(
+        _config(vllm_pool, tmp_path, method="grpo-tis", tis_block=2, save_every=1, out=tmp_path / "t")
+    )
+    index = index_pool(vllm_pool)
+    plan = plan_minibatches(index, 42, 4, 2)
+    reader = MinibatchReader(vllm_pool, index, pad_id=0)
+    weights = {u: (tmp_path / "g" / "checkpoints" / f"update-{u:06d}") for u in (1, 2, 3)}
+    for update, ref_dir in ((1, tiny_dir), (3, weights[2])):
+        batch = reader.read(plan[update].tolist())
+        logp, ref = _logprobs_under(weights[update], batch), _logprobs_under(ref_dir, batch)
+        expected = diag.ref_log_ratio(logp, ref, batch.mask, response_count=batch.num_responses).item()
+        assert ggpo.metrics[update]["ref/log_ratio"] == pytest.approx(expected, abs=1e-5)
+    assert abs(ggpo.metrics[3]["ref/log_ratio"]) > 1e-4  # the refresh moved the reference away from π0
+    batch = reader.read(plan[3].tolist())
+    old = _logprobs_under(tmp_path / "t" / "checkpoints" / "update-000002", batch)
+    weight = torch.exp(old - batch.behavior_logp).clamp(max=2.0)
+    expected = ((weight * batch.mask).sum() / batch.mask.sum()).item()
+    assert tis.metrics[3]["grpo-tis/tis_weight_mean"] == pytest.approx(expected, abs=1e-5)

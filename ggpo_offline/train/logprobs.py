@@ -14,6 +14,11 @@ batch size; the backward pass recomputes each chunk's logits instead of keeping 
 LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
+def default_device() -> torch.device:
+    """The learner's device: the GPU when there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def autocast_for(device: torch.device):
     """bf16 autocast on CUDA (fp32 master weights); plain fp32 on CPU."""
     if device.type == "cuda":

@@ -1,6 +1,5 @@
 """The replay trainer: plan → log-probs → loss → backward → step → log, one fresh minibatch per update."""
 
-import copy
 import inspect
 import json
 import math
@@ -16,14 +15,15 @@ from ggpo_offline import diagnostics as diag
 from ggpo_offline.errors import UserError
 from ggpo_offline.evaluate import Evaluator, write_json
 from ggpo_offline.losses import LOSSES, method_needs
-from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_sha256
+from ggpo_offline.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
 from ggpo_offline.pool.schema import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
 from ggpo_offline.train.checkpoint import checkpoint_dir, latest_checkpoint, load_state, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.evaluation import eval_config, eval_due, eval_metrics, eval_report_path
-from ggpo_offline.train.logprobs import response_logprobs
+from ggpo_offline.train.logprobs import default_device, response_logprobs
+from ggpo_offline.train.pi0_cache import Pi0Cache, score_pool
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
 
 METRICS_FILE = "metrics.jsonl"
@@ -43,14 +43,6 @@ class TrainResult:
     pool_fingerprint: str
     data_order_fingerprint: str
     metrics: list[dict]
-
-
-def initial_model_dir(config: TrainConfig, pool_meta: dict) -> Path:
-    """``--model``, else the model that generated the pool (the embedded one wherever it is installed)."""
-    if config.model is not None:
-        return resolve_model_dir(config.model)
-    model = pool_meta.get("model", {})
-    return resolve_model_dir(None if model.get("name") == "embedded:tiny" else model.get("path"))
 
 
 def check_tokenizer(config: TrainConfig, pool_meta: dict, tokenizer) -> None:
@@ -77,12 +69,6 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    frozen = copy.deepcopy(model).eval()
-    frozen.requires_grad_(False)
-    return frozen
-
-
 def _loss_kwargs(config: TrainConfig) -> dict:
     """The learner's keyword hyperparameters, taken from the config by name (beta, clip, clip_eps, ...)."""
     parameters = inspect.signature(LOSSES[config.method]).parameters
@@ -96,7 +82,16 @@ def _loss_kwargs(config: TrainConfig) -> dict:
 class Trainer:
     """Owns the models, the optimizer and the counters of one run."""
 
-    def __init__(self, config: TrainConfig, model_dir: Path, device: torch.device):
+    def __init__(
+        self,
+        config: TrainConfig,
+        model_dir: Path,
+        device: torch.device,
+        read_update: Callable[[int], Minibatch],
+        pi0: Pi0Cache | None,
+    ):
+        """``read_update(u)`` gives the minibatch of update u; ``pi0`` serves the initial model's log-probs
+        (needed by every method with a reference)."""
         from transformers import AutoModelForCausalLM
 
         self.config = config
@@ -105,9 +100,14 @@ class Trainer:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
         self.model.train()
         needs = method_needs(config.method)
-        # Constants between refreshes; issue #5 replaces these resident copies with scheduled passes.
-        self.ref_model = _frozen_copy(self.model) if "ref_logp" in needs else None
-        self.old_model = _frozen_copy(self.model) if "old_logp" in needs else None
+        self.needs_ref, self.needs_old = "ref_logp" in needs, "old_logp" in needs
+        self.read_update = read_update
+        self.pi0 = pi0
+        # π_ref and π_old are constants between refreshes: no second copy of the weights is kept, their
+        # log-probs for the minibatches they will serve are computed at the refresh (update -> one tensor
+        # per micro-batch). Until its first refresh π_ref is π0, served by the π0 cache.
+        self.ref_window: dict[int, list[torch.Tensor]] = {}
+        self.old_window: dict[int, list[torch.Tensor]] = {}
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=config.lr,
@@ -124,8 +124,8 @@ class Trainer:
         return {
             "update": self.update,
             "optimizer": self.optimizer.state_dict(),
-            "ref": self.ref_model.state_dict() if self.ref_model is not None else None,
-            "old": self.old_model.state_dict() if self.old_model is not None else None,
+            "ref_window": self.ref_window,
+            "old_window": self.old_window,
             "ess_log_weights": self.ess_log_weights,
             "torch_rng": torch.get_rng_state(),
             "run_id": run_id,
@@ -138,21 +138,37 @@ class Trainer:
         saved = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
         self.model.load_state_dict(saved.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
-        for frozen, key in ((self.ref_model, "ref"), (self.old_model, "old")):
-            if frozen is not None:
-                frozen.load_state_dict(state[key])
+        self.ref_window, self.old_window = state["ref_window"], state["old_window"]
         self.ess_log_weights = state["ess_log_weights"]
         torch.set_rng_state(state["torch_rng"])
         self.update = state["update"]
 
     # -- one update ---------------------------------------------------------------------------------
     def refresh_anchors(self) -> None:
-        """π_ref ← π_θ every T_ref updates (global counter); π_old ← π_θ at each TIS block start."""
-        t_ref = self.config.effective_ref_refresh
-        if self.ref_model is not None and t_ref and self.update > 0 and self.update % t_ref == 0:
-            self.ref_model.load_state_dict(self.model.state_dict())
-        if self.old_model is not None and self.update % self.config.tis_block == 0:
-            self.old_model.load_state_dict(self.model.state_dict())
+        """π_ref ← π_θ every T_ref updates (global counter); π_old ← π_θ at each TIS block start.
+
+        A refresh runs the current weights without gradients over the minibatches the new anchor will
+        serve (the next T_ref updates, or the TIS block), exactly what a frozen copy would compute then.
+        """
+        t_ref, block, last = self.config.effective_ref_refresh, self.config.tis_block, self.config.updates
+        if self.needs_ref and t_ref and self.update > 0 and self.update % t_ref == 0:
+            self.ref_window = self._anchor_pass(range(self.update, min(self.update + t_ref, last)))
+        if self.needs_old and self.update % block == 0:
+            self.old_window = self._anchor_pass(range(self.update, min(self.update + block, last)))
+
+    @torch.no_grad()
+    def _anchor_pass(self, updates: range) -> dict[int, list[torch.Tensor]]:
+        self.model.eval()
+        try:
+            return {
+                update: [
+                    response_logprobs(self.model, micro)[0].cpu()
+                    for micro in self.read_update(update).split(self.config.micro_batch_size)
+                ]
+                for update in updates
+            }
+        finally:
+            self.model.train()
 
     def step(self, batch: Minibatch) -> dict[str, float]:
         """One optimizer update on one minibatch; returns its metrics (computed before the step)."""
@@ -168,8 +184,8 @@ class Trainer:
             "ref/log_ratio": 0.0,
         }
         seq_log_weights, qs, stats = [], [], []
-        for micro in batch.split(self.config.micro_batch_size):
-            constants = self._constants(micro)
+        for position, micro in enumerate(batch.split(self.config.micro_batch_size)):
+            constants = self._constants(micro, position)
             logp, entropy = response_logprobs(self.model, micro, with_entropy=True)
             mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
             out = self.loss_fn(
@@ -204,18 +220,21 @@ class Trainer:
             )
         self.optimizer.step()
         metrics = self._metrics(batch, sums, grad_norm, torch.cat(seq_log_weights), qs, stats)
+        self.ref_window.pop(self.update, None)  # served; the checkpoint keeps only what is still due
+        self.old_window.pop(self.update, None)
         self.update += 1
         return metrics
 
-    @torch.no_grad()
-    def _constants(self, micro: Minibatch) -> dict[str, torch.Tensor]:
-        constants = {"behavior_logp": micro.behavior_logp.to(self.device)}
-        if self.ref_model is not None:
-            constants["ref_logp"] = response_logprobs(self.ref_model, micro)[0]
-        if self.old_model is not None:
-            constants["old_logp"] = response_logprobs(self.old_model, micro)[0]
+    def _constants(self, micro: Minibatch, position: int) -> dict[str, torch.Tensor]:
+        """The learner's constant inputs for micro-batch ``position`` of the current update."""
+        constants = {"behavior_logp": micro.behavior_logp}
+        if self.needs_ref:
+            window = self.ref_window.get(self.update)
+            constants["ref_logp"] = self.pi0.logprobs(micro) if window is None else window[position]
+        if self.needs_old:
+            constants["old_logp"] = self.old_window[self.update][position]
         needs = method_needs(self.config.method)
-        return {k: v for k, v in constants.items() if k in needs}
+        return {k: v.to(self.device) for k, v in constants.items() if k in needs}
 
     def _metrics(self, batch, sums, grad_norm, seq_log_weights, qs, stats) -> dict[str, float]:
         metrics = dict(sums)
@@ -245,7 +264,7 @@ class Trainer:
 def _device(config: TrainConfig) -> torch.device:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return default_device()
 
 
 def _write_metrics(path: Path, records: list[dict]) -> None:
@@ -285,7 +304,7 @@ def train(
     pool = Path(config.pool)
     validate_pool(pool)
     pool_meta = read_pool_metadata(pool)
-    model_dir = initial_model_dir(config, pool_meta)
+    model_dir = initial_model_dir(config.model, pool_meta)
     check_tokenizer(config, pool_meta, load_tokenizer(model_dir))
     index = index_pool(pool)
     plan = plan_minibatches(index, config.seed, config.updates, config.groups_per_batch)
@@ -303,15 +322,22 @@ def train(
     run_dir = config.run_dir
     prepare_run_dir(run_dir, resume, overwrite)
 
+    device = _device(config)
+    pi0 = None
+    if "ref_logp" in method_needs(config.method):
+        # Scored once per pool and model (a no-op when the cache exists), shared by every run on the pool.
+        pi0 = score_pool(pool, model_dir, device)
+    reader = MinibatchReader(pool, index, pad_id=load_tokenizer(model_dir).pad_token_id or 0)
     torch.manual_seed(config.seed)
-    trainer = Trainer(config, model_dir, _device(config))
-    reader = MinibatchReader(pool, index, pad_id=trainer.tokenizer.pad_token_id or 0)
+    trainer = Trainer(config, model_dir, device, lambda update: reader.read(plan[update].tolist()), pi0)
     run_id = None
     if resume:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is None:
             raise UserError(f"--resume: {run_dir} has no checkpoint to resume from")
         state = load_state(checkpoint)
+        if "ref_window" not in state:
+            raise UserError(f"--resume: {checkpoint} comes from an older ggpo-offline; start the run again")
         if state["config"] != config.to_dict():
             raise UserError(f"--resume: the settings differ from those of the run in {run_dir}")
         trainer.load(checkpoint, state)

@@ -1,0 +1,159 @@
+"""The π0 log-prob cache: the initial model's token log-probs of a pool's mixed groups, scored once.
+
+GRPO and GRPO+TIS keep the initial model as their reference, and GGPO/AGRO use it until their first
+refresh, so a comparison needs π0's log-probs of the same responses in every run. ``score_pool`` computes
+them once under trainer numerics and stores them beside the pool, keyed by the pool fingerprint, the
+model's weight hash and the numerics; ``Pi0Cache`` serves them per minibatch and refuses a mismatch.
+"""
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from ggpo_offline.errors import UserError
+from ggpo_offline.model_io import initial_model_dir, load_tokenizer, weights_sha256
+from ggpo_offline.pool.schema import read_pool_metadata
+from ggpo_offline.pool.validate import validate_pool
+from ggpo_offline.train.batch import Minibatch, MinibatchReader
+from ggpo_offline.train.logprobs import default_device, response_logprobs
+from ggpo_offline.train.plan import index_pool, pool_fingerprint
+
+CACHE_KEY = b"ggpo_offline_pi0"
+CACHE_SCHEMA = pa.schema(
+    [
+        pa.field("group_id", pa.int64(), nullable=False),
+        pa.field("sample_idx", pa.int16(), nullable=False),
+        pa.field("logprobs", pa.list_(pa.float32()), nullable=False),
+    ]
+)
+GROUPS_PER_PASS = 8
+
+
+def numerics(device: torch.device) -> str:
+    """Trainer numerics of a log-prob pass: the cache is only valid for the same ones."""
+    return "fp32 weights, bf16 autocast (cuda)" if device.type == "cuda" else "fp32 (cpu)"
+
+
+def cache_path(pool: Path, key: dict) -> Path:
+    """``pools/base.pi0-<weights sha256, 16 hex>.parquet`` beside the pool, or under
+    ``~/.cache/ggpo-offline/pi0/`` when the pool's folder is read-only (a shared pool)."""
+    pool = Path(pool)
+    name = f"{pool.stem}.pi0-{key['weights_sha256'][:16]}.parquet"
+    if os.access(pool.parent, os.W_OK):
+        return pool.with_name(name)
+    return Path.home() / ".cache" / "ggpo-offline" / "pi0" / f"{key['pool_fingerprint'][:16]}-{name}"
+
+
+def cache_key(pool: Path, model_dir: Path, device: torch.device) -> dict:
+    """What a cache is valid for: this pool's data, these initial weights, these numerics."""
+    return {
+        "pool_fingerprint": pool_fingerprint(pool),
+        "weights_sha256": weights_sha256(model_dir),
+        "numerics": numerics(device),
+    }
+
+
+def _read_key(path: Path) -> dict | None:
+    try:
+        raw = (pq.ParquetFile(path).metadata.metadata or {}).get(CACHE_KEY)
+        return None if raw is None else json.loads(raw)
+    except (OSError, pa.ArrowInvalid, json.JSONDecodeError):
+        return None
+
+
+def score_pool(
+    pool: Path,
+    model_dir: Path,
+    device: torch.device,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> "Pi0Cache":
+    """Write (or find) the π0 cache of ``pool`` for ``model_dir`` and open it.
+
+    An existing cache is reused only when its key (pool fingerprint, weights sha256, numerics) matches;
+    a stale one is replaced. Written through a temporary file renamed into place.
+    """
+    from transformers import AutoModelForCausalLM
+
+    key = cache_key(pool, model_dir, device)
+    target = cache_path(pool, key)
+    if target.is_file() and _read_key(target) == key:
+        return Pi0Cache(target, key)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    index = index_pool(pool)
+    tokenizer = load_tokenizer(model_dir)
+    reader = MinibatchReader(pool, index, pad_id=tokenizer.pad_token_id or 0)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+    groups = index.mixed_group_ids.tolist()
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    writer = pq.ParquetWriter(tmp, CACHE_SCHEMA, compression="zstd")
+    try:
+        for start in range(0, len(groups), GROUPS_PER_PASS):
+            batch = reader.read(groups[start : start + GROUPS_PER_PASS])
+            with torch.no_grad():
+                logp = response_logprobs(model, batch)[0].cpu()
+            lengths = batch.mask.sum(dim=1).long().tolist()
+            writer.write_table(
+                pa.table(
+                    {
+                        "group_id": [gid for gid in batch.group_ids for _ in range(batch.group_size)],
+                        "sample_idx": list(range(batch.group_size)) * len(batch.group_ids),
+                        "logprobs": [logp[i, :n].tolist() for i, n in enumerate(lengths)],
+                    },
+                    schema=CACHE_SCHEMA,
+                )
+            )
+            if on_progress is not None:
+                on_progress(min(start + GROUPS_PER_PASS, len(groups)), len(groups))
+        writer.add_key_value_metadata({CACHE_KEY: json.dumps(key)})
+        writer.close()
+        os.replace(tmp, target)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return Pi0Cache(target, key)
+
+
+def ensure_pi0_cache(
+    pool: Path, model: str | None = None, on_progress: Callable[[int, int], None] | None = None
+) -> "Pi0Cache":
+    """``ggpo pool score``: check the pool, resolve its initial model (``model`` or the pool's own) and
+    score it on the learner's device unless a matching cache exists."""
+    validate_pool(pool)
+    model_dir = initial_model_dir(model, read_pool_metadata(pool))
+    return score_pool(pool, model_dir, default_device(), on_progress)
+
+
+class Pi0Cache:
+    """Serves cached π0 log-probs laid out like a minibatch's ``(B, T)`` tensors."""
+
+    def __init__(self, path: Path, key: dict):
+        if _read_key(path) != key:
+            raise UserError(f"{path} is not the π0 cache of this pool and model; run `ggpo pool score` again")
+        self.path = path
+        self.parquet = pq.ParquetFile(path)
+        self.row_groups_of: dict[int, list[int]] = {}
+        for row_group in range(self.parquet.num_row_groups):
+            ids = self.parquet.read_row_group(row_group, columns=["group_id"]).column("group_id")
+            for gid in pc.unique(ids).to_pylist():
+                self.row_groups_of.setdefault(gid, []).append(row_group)
+
+    def logprobs(self, batch: Minibatch) -> torch.Tensor:
+        row_groups = sorted({rg for gid in batch.group_ids for rg in self.row_groups_of[gid]})
+        table = self.parquet.read_row_groups(row_groups)
+        table = table.filter(pc.is_in(table.column("group_id"), pa.array(batch.group_ids, pa.int64())))
+        found = {
+            (row["group_id"], row["sample_idx"]): row["logprobs"] for row in table.to_pylist()
+        }  # fmt: skip
+        out = torch.zeros(batch.response_ids.shape)
+        for i, gid in enumerate(batch.group_ids):
+            for j in range(batch.group_size):
+                values = found[gid, j]
+                out[i * batch.group_size + j, : len(values)] = torch.tensor(values)
+        return out
