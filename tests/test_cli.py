@@ -228,3 +228,18 @@ def test_compare_command_reports_and_refuses_bad_input(vllm_pool, tmp_path):
         ggpo("compare", "--pool", str(vllm_pool), "--out", str(tmp_path / "mine"), cwd=tmp_path),
         "holds no comparison report",
     )
+
+
+def test_pool_score_writes_the_pi0_cache_once(vllm_pool, tmp_path):
+    import shutil
+
+    pool = tmp_path / "pool.parquet"
+    shutil.copy(vllm_pool, pool)
+    result = ggpo("pool", "score", str(pool), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    cache = Path(result.stdout.split("π0 cache: ")[1].strip())
+    assert cache.parent == tmp_path and cache.name.startswith("pool.pi0-") and cache.is_file()
+    stamp = cache.stat().st_mtime_ns
+    assert ggpo("pool", "score", str(pool), cwd=tmp_path).returncode == 0
+    assert cache.stat().st_mtime_ns == stamp  # found, not rescored
+    assert_one_error_line(ggpo("pool", "score", str(tmp_path / "none.parquet")), "no such pool file")
