@@ -68,9 +68,16 @@ def test_minibatch_rows_follow_the_plan_and_split_on_group_boundaries(tmp_path):
         assert batch.mask[i].sum() == n and batch.rewards[i] == row["reward"]
         torch.testing.assert_close(batch.behavior_logp[i, :n], torch.tensor(row["behavior_logprobs"]))
     micro = batch.split(5)  # rounded down to whole groups of 4
-    assert [m.num_responses for m in micro] == [4, 4, 4] and [m.group_ids for m in micro] == [
-        [g] for g in chosen
-    ]
+    assert [m.num_responses for m in micro] == [4, 4, 4]
+    assert sorted(g for m in micro for g in m.group_ids) == sorted(chosen)
+    widths = [m.input_ids.shape[1] for m in micro]
+    assert widths == sorted(widths) and widths[-1] == batch.input_ids.shape[1]  # length-sorted, trimmed
+    for m in micro:  # each micro-batch holds its groups' rows unchanged, cut to its own longest row
+        (g,) = m.group_ids
+        source = chosen.index(g) * 4
+        assert m.input_ids.shape[1] == int(m.attention_mask.sum(dim=1).max())
+        assert torch.equal(m.input_ids, batch.input_ids[source : source + 4, : m.input_ids.shape[1]])
+        assert torch.equal(m.mask, batch.mask[source : source + 4, : m.mask.shape[1]])
 
 
 def test_response_logprobs_equal_a_per_row_forward_pass(vllm_pool, tiny_dir):

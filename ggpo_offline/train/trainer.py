@@ -184,7 +184,8 @@ class Trainer:
             "ref/log_ratio": 0.0,
         }
         seq_log_weights, qs, stats = [], [], []
-        for position, micro in enumerate(batch.split(self.config.micro_batch_size)):
+        micros = batch.split(self.config.micro_batch_size)
+        for position, micro in enumerate(micros):
             constants = self._constants(micro, position)
             logp, entropy = response_logprobs(self.model, micro, with_entropy=True)
             mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
@@ -219,7 +220,8 @@ class Trainer:
                 f"(loss {sums['loss']}, grad norm {grad_norm}); stopped before writing a checkpoint"
             )
         self.optimizer.step()
-        metrics = self._metrics(batch, sums, grad_norm, torch.cat(seq_log_weights), qs, stats)
+        rewards = torch.cat([micro.rewards for micro in micros])  # in micro-batch order, like q
+        metrics = self._metrics(batch, sums, grad_norm, torch.cat(seq_log_weights), qs, rewards, stats)
         self.ref_window.pop(self.update, None)  # served; the checkpoint keeps only what is still due
         self.old_window.pop(self.update, None)
         self.update += 1
@@ -236,7 +238,7 @@ class Trainer:
         needs = method_needs(self.config.method)
         return {k: v.to(self.device) for k, v in constants.items() if k in needs}
 
-    def _metrics(self, batch, sums, grad_norm, seq_log_weights, qs, stats) -> dict[str, float]:
+    def _metrics(self, batch, sums, grad_norm, seq_log_weights, qs, rewards, stats) -> dict[str, float]:
         metrics = dict(sums)
         metrics["mismatch/ess"] = diag.sequence_ess(seq_log_weights).item()
         metrics["optim/grad_norm"] = grad_norm
@@ -244,7 +246,7 @@ class Trainer:
         metrics["train/response_length"] = batch.mask.sum(dim=1).mean().item()
         metrics["train/truncated_frac"] = batch.truncated.float().mean().item()
         if qs:
-            q, rewards = torch.cat(qs), batch.rewards.to(self.device)
+            q, rewards = torch.cat(qs), rewards.to(self.device)
             metrics["ggpo/q_ess"] = diag.q_ess_median(q, batch.group_size).item()
             success = diag.success_ess(q, rewards, batch.group_size)
             if success is not None:
