@@ -148,9 +148,7 @@ class Pi0Cache:
         row_groups = sorted({rg for gid in batch.group_ids for rg in self.row_groups_of[gid]})
         table = self.parquet.read_row_groups(row_groups)
         table = table.filter(pc.is_in(table.column("group_id"), pa.array(batch.group_ids, pa.int64())))
-        found = {
-            (row["group_id"], row["sample_idx"]): row["logprobs"] for row in table.to_pylist()
-        }  # fmt: skip
+        found = {(row["group_id"], row["sample_idx"]): row["logprobs"] for row in table.to_pylist()}
         out = torch.zeros(batch.response_ids.shape)
         for i, gid in enumerate(batch.group_ids):
             for j in range(batch.group_size):

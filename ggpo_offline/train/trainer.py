@@ -307,7 +307,8 @@ def train(
     validate_pool(pool)
     pool_meta = read_pool_metadata(pool)
     model_dir = initial_model_dir(config.model, pool_meta)
-    check_tokenizer(config, pool_meta, load_tokenizer(model_dir))
+    tokenizer = load_tokenizer(model_dir)
+    check_tokenizer(config, pool_meta, tokenizer)
     index = index_pool(pool)
     plan = plan_minibatches(index, config.seed, config.updates, config.groups_per_batch)
     fingerprints = {
@@ -329,7 +330,7 @@ def train(
     if "ref_logp" in method_needs(config.method):
         # Scored once per pool and model (a no-op when the cache exists), shared by every run on the pool.
         pi0 = score_pool(pool, model_dir, device)
-    reader = MinibatchReader(pool, index, pad_id=load_tokenizer(model_dir).pad_token_id or 0)
+    reader = MinibatchReader(pool, index, pad_id=tokenizer.pad_token_id or 0)
     torch.manual_seed(config.seed)
     trainer = Trainer(config, model_dir, device, lambda update: reader.read(plan[update].tolist()), pi0)
     run_id = None
