@@ -122,6 +122,9 @@ def train(
     ref_refresh: str = typer.Option(None, help="T_ref: refresh the reference every N updates, or 'never'."),
     tis_block: int = typer.Option(None, help="GRPO+TIS: updates per π_old block."),
     micro_batch_size: int = typer.Option(None, help="Responses per forward/backward (multiple of m)."),
+    forward_tokens: int = typer.Option(
+        None, help="Padded positions per length-sorted decoder forward [default: 4096]."
+    ),
     log_every: int = typer.Option(None, help="Log metrics every N updates."),
     ess_block: int = typer.Option(None, help="Updates per block of the block sequence ESS."),
     save_every: int = typer.Option(None, help="Checkpoint every N updates (and at the end)."),
@@ -170,6 +173,7 @@ def train(
         ref_refresh=_ref_refresh(ref_refresh),
         tis_block=tis_block,
         micro_batch_size=micro_batch_size,
+        forward_tokens=forward_tokens,
         log_every=log_every,
         ess_block=ess_block,
         save_every=save_every,
@@ -299,6 +303,9 @@ def compare(
     groups_per_batch: int = typer.Option(None, help="G: groups per minibatch."),
     lr: float = typer.Option(None, help="AdamW learning rate."),
     micro_batch_size: int = typer.Option(None, help="Responses per forward/backward (multiple of m)."),
+    forward_tokens: int = typer.Option(
+        None, help="Padded positions per length-sorted decoder forward [default: 4096]."
+    ),
     threads: int = typer.Option(None, help="CPU threads for torch."),
     eval_every: int = typer.Option(None, help="Evaluate every N updates [default: U/5, as the paper]."),
     eval_dataset: list[str] = typer.Option(
@@ -325,6 +332,7 @@ def compare(
         "groups_per_batch": groups_per_batch,
         "lr": lr,
         "micro_batch_size": micro_batch_size,
+        "forward_tokens": forward_tokens,
         "threads": threads,
         "eval_every": eval_every,
         "eval_datasets": tuple(eval_dataset) if eval_dataset else None,

@@ -14,7 +14,7 @@ from ggpo_offline.errors import UserError
 from ggpo_offline.pool.schema import METADATA_KEY
 from ggpo_offline.train.batch import MinibatchReader
 from ggpo_offline.train.config import TrainConfig, resolve_config
-from ggpo_offline.train.logprobs import full_vocab_logprobs, response_logprobs
+from ggpo_offline.train.logprobs import full_vocab_logprobs, length_buckets, response_logprobs
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches
 from ggpo_offline.train.trainer import train
 
@@ -97,9 +97,12 @@ def test_response_logprobs_equal_a_per_row_forward_pass(vllm_pool, tiny_dir):
         assert torch.all(logp[i, n:] == 0) and torch.all(entropy[i, :n] > 0)
 
 
-@pytest.mark.parametrize("chunk_tokens", [1024, 37])
-def test_chunked_logprobs_equal_the_full_vocabulary_computation(vllm_pool, tiny_dir, chunk_tokens):
-    """Values, entropy, GGPO loss and every parameter gradient match the straightforward path in fp32."""
+@pytest.mark.parametrize(("chunk_tokens", "forward_tokens"), [(1024, 10**9), (37, 1), (512, 300)])
+def test_chunked_logprobs_equal_the_full_vocabulary_computation(
+    vllm_pool, tiny_dir, chunk_tokens, forward_tokens
+):
+    """Values, entropy, GGPO loss and every parameter gradient match the straightforward padded path in
+    fp32, whether the rows run in one forward, one forward each, or length-sorted forwards."""
     from transformers import AutoModelForCausalLM
 
     from ggpo_offline.losses import ggpo_loss
@@ -109,7 +112,8 @@ def test_chunked_logprobs_equal_the_full_vocabulary_computation(vllm_pool, tiny_
     batch = MinibatchReader(vllm_pool, index, pad_id=0).read(index.mixed_group_ids[:3].tolist())
     mask = batch.mask
     results = []
-    for compute in (full_vocab_logprobs, functools.partial(response_logprobs, chunk_tokens=chunk_tokens)):
+    chunked = functools.partial(response_logprobs, chunk_tokens=chunk_tokens, forward_tokens=forward_tokens)
+    for compute in (full_vocab_logprobs, chunked):
         model.zero_grad()
         logp, entropy = compute(model, batch, with_entropy=True)
         out = ggpo_loss(
@@ -125,7 +129,15 @@ def test_chunked_logprobs_equal_the_full_vocabulary_computation(vllm_pool, tiny_
     for grad_a, grad_b in zip(grads_a, grads_b, strict=True):
         torch.testing.assert_close(grad_b, grad_a, atol=1e-6, rtol=1e-4)
     with torch.no_grad():  # the reference / old-policy passes
-        torch.testing.assert_close(response_logprobs(model, batch)[0], logp_a, atol=1e-5, rtol=0)
+        torch.testing.assert_close(chunked(model, batch)[0], logp_a, atol=1e-5, rtol=0)
+
+
+def test_length_buckets_sort_rows_longest_first_within_the_forward_budget():
+    lengths = [5, 40, 12, 40, 7, 100, 12]
+    buckets = length_buckets(lengths, forward_tokens=80)
+    assert buckets == [[5], [1, 3], [2, 6, 4, 0]]  # 100 alone (over budget), 2 x 40, 4 x 12 <= 80
+    assert length_buckets(lengths, forward_tokens=10**6) == [[5, 1, 3, 2, 6, 4, 0]]
+    assert length_buckets(lengths, forward_tokens=1) == [[5], [1], [3], [2], [6], [4], [0]]
 
 
 def test_update_zero_mismatch_is_exactly_zero_on_a_float32_hf_pool(hf_pool, tmp_path):

@@ -11,6 +11,7 @@ import tomllib
 
 from ggpo_offline.errors import UserError
 from ggpo_offline.evaluate import DEFAULT_DATASETS, DEFAULT_KS
+from ggpo_offline.train.logprobs import FORWARD_TOKENS
 
 Method = Literal["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis"]
 METHODS: tuple[str, ...] = ("ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis")
@@ -54,6 +55,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     micro_batch_size: int | None = None
     """Responses per forward/backward pass (a multiple of m); None = the whole minibatch at once."""
+    forward_tokens: int = FORWARD_TOKENS
+    """Padded positions per decoder forward inside a pass: rows are length-sorted into forwards of at most
+    this many (prompt + response) positions, so little compute goes to padding."""
     log_every: int = 1
     """Log metrics every N updates."""
     ess_block: int = 8
@@ -218,6 +222,7 @@ def validate_config(config: TrainConfig) -> None:
         (config.ess_block >= 1, f"--ess-block must be >= 1, got {config.ess_block}"),
         (config.save_every is None or config.save_every >= 1, "--save-every must be >= 1"),
         (config.micro_batch_size is None or config.micro_batch_size >= 1, "--micro-batch-size must be >= 1"),
+        (config.forward_tokens >= 1, f"--forward-tokens must be >= 1, got {config.forward_tokens}"),
         (config.threads is None or config.threads >= 1, "--threads must be >= 1"),
         (config.eval_every is None or config.eval_every >= 1, "--eval-every must be >= 1"),
         (config.eval_n >= 1, f"--eval-n must be >= 1, got {config.eval_n}"),

@@ -7,9 +7,12 @@ import torch
 from ggpo_offline.diagnostics import token_entropy
 from ggpo_offline.train.batch import Minibatch
 
-CHUNK_TOKENS = 512
-"""Response tokens per log-softmax chunk: the fp32 logits held at once are (CHUNK_TOKENS, V), whatever the
-batch size; the backward pass recomputes each chunk's logits instead of keeping them."""
+FORWARD_TOKENS = 4096
+"""Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at
+most this many positions (a longer row runs alone), each cut to its own longest row, so padding is small."""
+CHUNK_LOGITS = 2**25
+"""fp32 logits held at once by the head/log-softmax (128 MB): a chunk is CHUNK_LOGITS // V response tokens,
+so peak memory stays flat as the vocabulary grows; the backward pass recomputes each chunk, never keeps it."""
 # Configs whose forward rescales or caps the logits after the head; the chunked path would skip that.
 LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
@@ -33,18 +36,34 @@ def _response_positions(batch: Minibatch, length: int, device: torch.device) -> 
     return positions.clamp(max=length - 1)
 
 
+def length_buckets(lengths: list[int], forward_tokens: int) -> list[list[int]]:
+    """Row indices, longest first, cut into runs whose padded size (rows × their longest) fits
+    ``forward_tokens``; a row longer than that gets a forward of its own."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and (len(buckets[-1]) + 1) * lengths[buckets[-1][0]] <= forward_tokens:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
+
+
 def response_logprobs(
     model: torch.nn.Module,
     batch: Minibatch,
     with_entropy: bool = False,
-    chunk_tokens: int = CHUNK_TOKENS,
+    chunk_tokens: int | None = None,
+    forward_tokens: int = FORWARD_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log π(a_t | x, a_<t)`` for every response token, ``(B, T)``; padding positions hold 0.
 
-    The decoder runs once over prompt + response; the output head and the fp32 log-softmax then run only
-    on the valid response tokens, ``chunk_tokens`` at a time (`TokenLogprobs`), gathering the sampled
-    token's log-prob and, when asked, the full-vocabulary entropy. Peak memory no longer grows with
-    ``B·T·V``; values and gradients equal ``full_vocab_logprobs`` (tested to 1e-5 in fp32).
+    The decoder runs over prompt + response in length-sorted forwards (`length_buckets`), each cut to its
+    own longest row, so little compute goes to padding; the output head and the fp32 log-softmax then run
+    only on the valid response tokens, ``chunk_tokens`` at a time (default ``CHUNK_LOGITS // V``;
+    `TokenLogprobs`), gathering the sampled token's log-prob and, when asked, the full-vocabulary entropy.
+    Peak memory no longer grows with ``B·T·V``; values and gradients equal ``full_vocab_logprobs``
+    (tested to 1e-5 in fp32).
     """
     head = model.get_output_embeddings()
     if getattr(head, "bias", None) is not None or any(
@@ -52,29 +71,39 @@ def response_logprobs(
     ):
         return full_vocab_logprobs(model, batch, with_entropy)
     device = next(model.parameters()).device
-    with autocast_for(device):
-        hidden = model.get_decoder()(
-            input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)
-        ).last_hidden_state  # (B, L, H)
-    rows, cols = batch.mask.to(device).nonzero(as_tuple=True)  # valid response tokens, row-major
-    positions = _response_positions(batch, hidden.shape[1], device)[rows, cols]
-    targets = batch.response_ids.to(device)[rows, cols]
+    lengths = batch.attention_mask.sum(dim=1)
+    states, token_rows, token_cols = [], [], []
+    for bucket in length_buckets(lengths.tolist(), forward_tokens):
+        rows, width = torch.tensor(bucket), int(lengths[bucket[0]])
+        with autocast_for(device):
+            hidden = model.get_decoder()(
+                input_ids=batch.input_ids[rows, :width].to(device),
+                attention_mask=batch.attention_mask[rows, :width].to(device),
+            ).last_hidden_state  # (rows, width, H)
+        r, c = batch.mask[rows].nonzero(as_tuple=True)  # valid response tokens of these rows
+        positions = (batch.prompt_lengths[rows][r] - 1 + c).to(device)
+        states.append(hidden[r.to(device), positions])
+        token_rows.append(rows[r])
+        token_cols.append(c)
+    index = (torch.cat(token_rows).to(device), torch.cat(token_cols).to(device))
+    chunk_tokens = chunk_tokens or max(1, CHUNK_LOGITS // head.weight.shape[0])
     logp_flat, entropy_flat = TokenLogprobs.apply(
-        hidden[rows, positions], head.weight, targets, with_entropy, chunk_tokens
+        torch.cat(states), head.weight, batch.response_ids.to(device)[index], with_entropy, chunk_tokens
     )
     shape = batch.response_ids.shape
-    logp = torch.zeros(shape, device=device).index_put((rows, cols), logp_flat)
+    logp = torch.zeros(shape, device=device).index_put(index, logp_flat)
     if not with_entropy:
         return logp, None
-    return logp, torch.zeros(shape, device=device).index_put((rows, cols), entropy_flat)
+    return logp, torch.zeros(shape, device=device).index_put(index, entropy_flat)
 
 
 class TokenLogprobs(torch.autograd.Function):
     """``log softmax(h W^T)[target]`` (and the entropy) per token, chunk by chunk, never keeping logits.
 
-    forward: per chunk, logits → fp32 logsumexp ``z`` → ``logp = logit[target] − z``; the entropy
-    (``diagnostics.token_entropy``) is a detached diagnostic. backward recomputes each chunk's logits and uses
-    ``∂logp/∂logits = onehot(target) − softmax``, so only ``h``, ``W``, targets and ``z`` are saved.
+    forward: per chunk, logits ``l`` → fp32 log-normalizer ``z = logsumexp(l)`` → ``logp = l[target] − z``;
+    the entropy (a detached diagnostic) reuses the same exponentials: ``H = −Σ p log p = z − Σ p·l``, equal to
+    ``diagnostics.token_entropy``. backward recomputes each chunk's logits and uses
+    ``∂logp/∂l = onehot(target) − softmax``, in place, so only ``h``, ``W``, targets and ``z`` are saved.
     """
 
     @staticmethod
@@ -82,12 +111,17 @@ class TokenLogprobs(torch.autograd.Function):
         logps, entropies, normalizers = [], [], []
         for start in range(0, states.shape[0], chunk_tokens):
             logits = _logits(states[start : start + chunk_tokens], weight)
-            normalizer = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(-1, targets[start : start + chunk_tokens, None])[:, 0]
+            if with_entropy:
+                peak = logits.amax(dim=-1, keepdim=True)
+                unnormalized = (logits - peak).exp_()  # p · total
+                total = unnormalized.sum(dim=-1)
+                normalizer = peak[:, 0] + total.log()
+                entropies.append(normalizer - torch.linalg.vecdot(unnormalized, logits) / total)
+            else:
+                normalizer = torch.logsumexp(logits, dim=-1)
             logps.append(picked - normalizer)
             normalizers.append(normalizer)
-            if with_entropy:
-                entropies.append(token_entropy(logits))
         ctx.save_for_backward(states, weight, targets, torch.cat(normalizers))
         ctx.chunk_tokens = chunk_tokens
         ctx.mark_non_differentiable(*([torch.cat(entropies)] if with_entropy else []))
@@ -96,16 +130,22 @@ class TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, _grad_entropy):
         states, weight, targets, normalizers = ctx.saved_tensors
+        w = weight.to(states.dtype)
         grad_states = torch.empty_like(states)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32)
         for start in range(0, states.shape[0], ctx.chunk_tokens):
             chunk = slice(start, start + ctx.chunk_tokens)
-            logits = _logits(states[chunk], weight)
-            grad_logits = -torch.exp(logits - normalizers[chunk, None]) * grad_logp[chunk, None]
-            grad_logits.scatter_add_(-1, targets[chunk, None], grad_logp[chunk, None])
-            grad_logits = grad_logits.to(states.dtype)
-            grad_states[chunk] = grad_logits @ weight.to(states.dtype)
-            grad_weight += (grad_logits.T @ states[chunk]).float()
+            h, g, picked = states[chunk], grad_logp[chunk, None], targets[chunk]
+            # ∂logp/∂l = onehot(target) − softmax. The softmax is built in the recomputed logits' memory and
+            # g scales the small (tokens, H) operands, never the (tokens, V) one.
+            probs = _logits(h, weight).sub_(normalizers[chunk, None]).exp_().to(h.dtype)
+            grad_states[chunk] = g * (w[picked] - probs @ w)
+            scaled = (g * h).to(h.dtype)
+            if h.dtype == grad_weight.dtype:
+                grad_weight.addmm_(probs.T, scaled, alpha=-1)
+            else:  # bf16 matmul under CUDA autocast, fp32 accumulation
+                grad_weight -= (probs.T @ scaled).float()
+            grad_weight.index_add_(0, picked, scaled.float())
         return grad_states, grad_weight.to(weight.dtype), None, None, None
 
 

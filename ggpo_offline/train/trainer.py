@@ -162,7 +162,7 @@ class Trainer:
         try:
             return {
                 update: [
-                    response_logprobs(self.model, micro)[0].cpu()
+                    response_logprobs(self.model, micro, forward_tokens=self.config.forward_tokens)[0].cpu()
                     for micro in self.read_update(update).split(self.config.micro_batch_size)
                 ]
                 for update in updates
@@ -187,7 +187,9 @@ class Trainer:
         micros = batch.split(self.config.micro_batch_size)
         for position, micro in enumerate(micros):
             constants = self._constants(micro, position)
-            logp, entropy = response_logprobs(self.model, micro, with_entropy=True)
+            logp, entropy = response_logprobs(
+                self.model, micro, with_entropy=True, forward_tokens=self.config.forward_tokens
+            )
             mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
             out = self.loss_fn(
                 logp=logp,
