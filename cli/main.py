@@ -6,7 +6,7 @@ from pathlib import Path
 import typer
 from ggpo_cli import render
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.errors import UserError, one_line
 
 app = typer.Typer(
     add_completion=False,
@@ -14,7 +14,10 @@ app = typer.Typer(
     rich_markup_mode=None,  # help texts say "[default: ...]"; rich markup would swallow the brackets
     help="Offline fixed-pool RLVR experiments.",
 )
-pool_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Look at and check pool files.")
+pool_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Look at, check, score and merge pools."
+)
+POOL_ARGUMENT = "Pool file, or directory of shard files."
 app.add_typer(pool_app, name="pool")
 
 
@@ -47,8 +50,16 @@ def generate_pool(
     out: Path = typer.Option(Path("pools/base.parquet"), help="Output pool file."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing pool file."),
     reward_workers: int = typer.Option(2, help="Worker processes for math-verify (0 = in-process)."),
+    batch_prompts: int = typer.Option(256, help="Prompts per engine call; each batch is saved for resuming."),
+    shard_index: int = typer.Option(0, help="Generate shard i: prompts at positions i, i + n, i + 2n, ..."),
+    num_shards: int = typer.Option(1, help="Number of shards n (one job each; see `ggpo pool merge`)."),
+    tensor_parallel_size: int = typer.Option(1, help="vLLM tensor parallelism (GPUs per engine)."),
+    data_parallel_size: int = typer.Option(1, help="vLLM data parallelism (engine replicas)."),
 ) -> None:
-    """Sample m responses per prompt, score them with math-verify and write a Parquet pool."""
+    """Sample m responses per prompt, score them with math-verify and write a Parquet pool.
+
+    Finished batches are kept in .<out name>.partial/ beside --out: rerunning the same command after a
+    crash resumes there."""
     from ggpo_offline.engines import SamplingSettings
     from ggpo_offline.generate import GenerateConfig
     from ggpo_offline.generate import generate_pool as run
@@ -70,6 +81,11 @@ def generate_pool(
         out=out,
         overwrite=overwrite,
         reward_workers=reward_workers,
+        batch_prompts=batch_prompts,
+        shard_index=shard_index,
+        num_shards=num_shards,
+        tensor_parallel_size=tensor_parallel_size,
+        data_parallel_size=data_parallel_size,
     )
     with render.GenerationProgress() as progress:
         path = run(config, on_batch=progress.update)
@@ -77,7 +93,7 @@ def generate_pool(
 
 
 @pool_app.command("inspect")
-def pool_inspect(path: Path = typer.Argument(..., help="Pool file.")) -> None:
+def pool_inspect(path: Path = typer.Argument(..., help=POOL_ARGUMENT)) -> None:
     """Counts, rewards, mixed groups, lengths, truncation and metadata of a pool."""
     from ggpo_offline.pool.inspect import pool_summary
     from ggpo_offline.pool.validate import validate_pool
@@ -87,7 +103,7 @@ def pool_inspect(path: Path = typer.Argument(..., help="Pool file.")) -> None:
 
 
 @pool_app.command("validate")
-def pool_validate(path: Path = typer.Argument(..., help="Pool file.")) -> None:
+def pool_validate(path: Path = typer.Argument(..., help=POOL_ARGUMENT)) -> None:
     """Check schema, group layout, token/log-prob lengths, log-prob range and rewards."""
     from ggpo_offline.pool.validate import validate_pool
 
@@ -96,7 +112,7 @@ def pool_validate(path: Path = typer.Argument(..., help="Pool file.")) -> None:
 
 @pool_app.command("score")
 def pool_score(
-    path: Path = typer.Argument(..., help="Pool file."),
+    path: Path = typer.Argument(..., help=POOL_ARGUMENT),
     model: str = typer.Option(None, help="Initial policy folder [default: the pool's model]."),
 ) -> None:
     """Score the pool's mixed groups under the initial model once (the π0 cache every run shares)."""
@@ -105,6 +121,18 @@ def pool_score(
     with render.ScoreProgress() as progress:
         cache = ensure_pi0_cache(path, model, on_progress=progress.update)
     print(f"π0 cache: {cache.path}")
+
+
+@pool_app.command("merge")
+def pool_merge(
+    directory: Path = typer.Argument(..., help="Directory of shard files (one sharded run)."),
+    out: Path = typer.Option(..., help="Pool file to write."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
+) -> None:
+    """Validate a shard directory and write it as one pool file, groups in ascending group id order."""
+    from ggpo_offline.pool.merge import merge_pool
+
+    print(f"wrote {merge_pool(directory, out, overwrite)}")
 
 
 @app.command("train")
@@ -126,6 +154,12 @@ def train(
         None, help="Padded positions per length-sorted decoder forward [default: 4096]."
     ),
     log_every: int = typer.Option(None, help="Log metrics every N updates."),
+    nproc: int = typer.Option(
+        None, help="Train in N processes on this machine (torchrun; DDP, or FSDP2 with --fsdp) [default: 1]."
+    ),
+    fsdp: bool = typer.Option(
+        None, "--fsdp", help="With several processes: shard the model with FSDP2 instead of DDP (GPUs)."
+    ),
     ess_block: int = typer.Option(None, help="Updates per block of the block sequence ESS."),
     save_every: int = typer.Option(None, help="Checkpoint every N updates (and at the end)."),
     threads: int = typer.Option(None, help="CPU threads for torch."),
@@ -157,8 +191,11 @@ def train(
 ) -> None:
     """Replay a pool deterministically through one learner, logging drift, K3 and ESS to MLflow."""
     from ggpo_offline.train.config import resolve_config
+    from ggpo_offline.train.distributed import is_main_process
     from ggpo_offline.train.trainer import train as run
 
+    if nproc is not None and nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {nproc}")
     resolved = resolve_config(
         preset,
         config,
@@ -174,6 +211,7 @@ def train(
         tis_block=tis_block,
         micro_batch_size=micro_batch_size,
         forward_tokens=forward_tokens,
+        fsdp=fsdp,
         log_every=log_every,
         ess_block=ess_block,
         save_every=save_every,
@@ -190,15 +228,23 @@ def train(
         eval_num_problems=eval_num_problems,
         eval_engine=eval_engine,
     )
+    if not is_main_process():  # a torchrun worker other than rank 0: rank 0 speaks for the job
+        run(resolved, resume=resume, overwrite=overwrite)
+        return
     render.print_config(resolved)
-    with render.TrainingProgress(resolved.updates) as progress:
-        result = run(
-            resolved,
-            resume=resume,
-            overwrite=overwrite,
-            on_update=progress.update,
-            on_eval=progress.evaluated,
-        )
+    if nproc is not None and nproc > 1:
+        from ggpo_offline.train.launch import launch
+
+        result = launch(resolved, nproc, resume, overwrite, render.TrainingProgress)
+    else:
+        with render.TrainingProgress(resolved.updates) as progress:
+            result = run(
+                resolved,
+                resume=resume,
+                overwrite=overwrite,
+                on_update=progress.update,
+                on_eval=progress.evaluated,
+            )
     render.print_training_result(result)
 
 
@@ -379,12 +425,17 @@ def build_tiny_model(
     )
 
 
-def main() -> None:
+def main(args: list[str] | None = None) -> None:
     """Console entry point: a UserError becomes one line on stderr and exit code 1."""
     try:
-        app(standalone_mode=False)
+        app(args=args, standalone_mode=False)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as error:
+        # The writers name their target themselves (UserError); this catches the rest of the environment's
+        # failures (a full disk under metrics.jsonl, ...). Python's message names the file.
+        print(f"error: {one_line(error)}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

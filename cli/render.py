@@ -45,7 +45,11 @@ class GenerationProgress(_LazyProgress):
     label = "generating"
 
     def update(self, progress) -> None:
-        rate = progress.responses / max(progress.elapsed_s, 1e-9)
+        if self._bar is None and progress.prompts_resumed:
+            console.print(
+                f"resuming: {progress.prompts_resumed} of {progress.prompts_total} prompts were done"
+            )
+        rate = (progress.responses - progress.responses_resumed) / max(progress.elapsed_s, 1e-9)
         self._report(
             progress.prompts_done,
             progress.prompts_total,
@@ -63,7 +67,8 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
         ("model", meta.get("model", {}).get("name")),
         (
             "engine",
-            "{name} {version}".format(**meta.get("engine", {})) + f" ({meta.get('dtype')})",
+            f"{meta.get('engine', {}).get('name')} {meta.get('engine', {}).get('version')} "
+            f"({meta.get('dtype')})",
         ),
         ("dataset", meta.get("dataset", {}).get("spec")),
         (
@@ -91,8 +96,8 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
             "{} / {}".format(*(meta.get("reward", {}).get(k) for k in ("timeouts", "errors"))),
         ),
     ]
-    if "generation_seconds" in meta:
-        seconds = meta["generation_seconds"]
+    seconds = meta.get("generation_seconds")
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):  # metadata may be hand-edited
         rows.append(
             ("generation time", f"{seconds:.0f} s ({summary['tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")
         )

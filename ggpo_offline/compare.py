@@ -18,8 +18,8 @@ from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, load_run, write_figures, write_tables
 from ggpo_offline.train.checkpoint import latest_checkpoint
 from ggpo_offline.train.config import METHODS, TrainConfig, resolve_config
+from ggpo_offline.train.distributed import device_of
 from ggpo_offline.train.evaluation import eval_config
-from ggpo_offline.train.logprobs import default_device
 from ggpo_offline.train.pi0_cache import score_pool
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
 from ggpo_offline.train.trainer import RESULT_FILE, train
@@ -213,7 +213,7 @@ def compare(
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
         # π0's log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one).
         initial_model = initial_model_dir(shared.model, read_pool_metadata(Path(config.pool)))
-        score_pool(Path(config.pool), initial_model, default_device())
+        score_pool(Path(config.pool), initial_model, device_of())
         # One engine and one evaluation protocol for every run: the base model is evaluated once.
         with Evaluator(eval_config(shared, initial_model), engine) as evaluator:
             for position, run in enumerate(planned):

@@ -11,7 +11,7 @@ from pathlib import Path
 from ggpo_offline import __version__
 from ggpo_offline.datasets import load_dataset
 from ggpo_offline.engines import Engine, SamplingSettings, load_engine
-from ggpo_offline.errors import UserError
+from ggpo_offline.errors import UserError, writing
 from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_sha256, weights_sha256
 from ggpo_offline.pool.schema import read_pool_metadata
 from ggpo_offline.problems import Problem
@@ -168,8 +168,8 @@ def resolve_sampling(config: EvalConfig) -> tuple[SamplingSettings, Template, st
 
 
 def _pool_settings(pool: Path) -> dict:
-    if not pool.is_file():
-        raise UserError(f"{pool}: no such pool file")
+    if not pool.exists():
+        raise UserError(f"{pool}: no such pool file or directory")
     meta = read_pool_metadata(pool)
     sampling = meta.get("sampling", {})
     template = meta.get("prompt_template", {}).get("kind")
@@ -456,8 +456,15 @@ def _check_report_path(path: Path, overwrite: bool) -> None:
 
 
 def write_json(report: dict, path: Path) -> None:
-    """Write through a temporary file renamed into place, so no half-written report is left."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write through a temporary file renamed into place, so no half-written report is left and an earlier
+    one survives a failed write (disk full, folder not writable: a UserError naming ``path``)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(report, indent=2) + "\n"
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise

@@ -1,16 +1,20 @@
 """Stage one: sample m responses per prompt, score them, and stream them into a Parquet pool."""
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+import pyarrow as pa
 
 from ggpo_offline import __version__
 from ggpo_offline.datasets import load_dataset
 from ggpo_offline.engines import Engine, SamplingSettings, load_engine
 from ggpo_offline.errors import UserError
 from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_sha256, weights_sha256
-from ggpo_offline.pool.schema import SCHEMA_VERSION
+from ggpo_offline.pool.partial import PartialRun
+from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter, check_output_path
 from ggpo_offline.prompts import Template, resolve_template, template_description
 from ggpo_offline.rewards import RewardScorer
@@ -56,13 +60,24 @@ class GenerateConfig:
     reward_workers: int = 2
     reward_timeout_s: float = 5.0
     batch_prompts: int = 256
-    """Prompts per engine call; each finished batch becomes one Parquet row group."""
+    """Prompts per engine call; each finished batch becomes one durable part and one Parquet row group."""
+    shard_index: int = 0
+    """Which shard of the prompts to generate: dataset positions ``shard_index + k * num_shards``."""
+    num_shards: int = 1
+    """Into how many shards the prompts are cut (one job each); 1 = the whole dataset, no shard metadata."""
+    tensor_parallel_size: int = 1
+    """vLLM tensor parallelism (GPUs per engine)."""
+    data_parallel_size: int = 1
+    """vLLM data parallelism (engine replicas), passed to ``vllm.LLM`` as given."""
 
 
 @dataclass
 class Progress(RolloutTotals):
-    """Running totals reported after every batch."""
+    """Running totals reported after every batch (resumed parts included)."""
 
+    prompts_resumed: int = 0
+    """Prompts done by an earlier, interrupted run of the same command."""
+    responses_resumed: int = 0
     prompts_done: int = 0
     prompts_total: int = 0
     groups_kept: int = 0
@@ -76,6 +91,21 @@ def _validate_settings(config: GenerateConfig) -> None:
         sampling_checks(config.sampling, "--samples-per-prompt")
         + [(config.num_prompts is None or config.num_prompts >= 1, "--num-prompts must be >= 1")]
         + engine_checks(config.engine, config.dtype, config.template, config.reward_workers)
+        + [
+            (config.batch_prompts >= 1, "--batch-prompts must be >= 1"),
+            (config.num_shards >= 1, f"--num-shards must be >= 1, got {config.num_shards}"),
+            (
+                0 <= config.shard_index < config.num_shards,
+                f"--shard-index must be in 0..{config.num_shards - 1}, got {config.shard_index}",
+            ),
+            (config.tensor_parallel_size >= 1, "--tensor-parallel-size must be >= 1"),
+            (config.data_parallel_size >= 1, "--data-parallel-size must be >= 1"),
+            (
+                config.engine != "hf" or (config.tensor_parallel_size, config.data_parallel_size) == (1, 1),
+                "--tensor-parallel-size and --data-parallel-size need --engine vllm (the hf engine runs on "
+                "one device); use --shard-index/--num-shards to spread hf generation over jobs",
+            ),
+        ]
     )
 
 
@@ -94,14 +124,17 @@ def _dataset_kwargs(config: GenerateConfig) -> dict:
 
 def _rows(
     batch: ScoredBatch,
-    first_group_id: int,
+    group_ids: list[int],
     prompts: list[str],
     prompt_ids: list[list[int]],
     m: int,
     mixed_only: bool,
     progress: Progress,
 ) -> list[dict]:
-    """Pool rows of one batch, whole groups only (contiguous), dropping all-equal groups if asked."""
+    """Pool rows of one batch, whole groups only (contiguous), dropping all-equal groups if asked.
+
+    A group's id is its prompt's position in the dataset, so shards of one run never share an id and
+    their union has the ids of the unsharded run."""
     rows = []
     for offset, problem in enumerate(batch.problems):
         group_results = batch.results[offset * m : (offset + 1) * m]
@@ -116,7 +149,7 @@ def _rows(
         ):
             rows.append(
                 {
-                    "group_id": first_group_id + offset,
+                    "group_id": group_ids[offset],
                     "sample_idx": sample_idx,
                     "prompt_id": problem.prompt_id,
                     "source": problem.source,
@@ -145,8 +178,10 @@ def generate_pool(
 ) -> Path:
     """Write the pool described by ``config``; returns its path. Raises UserError on bad input.
 
-    ``engine`` reuses an already started engine for the same model (it is left running); by default
-    the engine named in ``config`` is started here and closed at the end.
+    Every finished batch is stored durably in ``.<out name>.partial/`` beside ``out``; rerunning the
+    same command after a crash resumes after the last stored batch (a command with other settings is
+    refused). ``engine`` reuses an already started engine for the same model (it is left running); by
+    default the engine named in ``config`` is started here and closed at the end.
     """
     _validate_settings(config)
     out = Path(config.out)
@@ -160,59 +195,140 @@ def generate_pool(
 
     prompts, prompt_ids = encode_prompts(tokenizer, problems, template)
     prompt_limit = prompt_token_limit(model_dir, sampling.max_tokens)
-    keep = [i for i, ids in enumerate(prompt_ids) if len(ids) <= prompt_limit]
-    skipped_long = len(problems) - len(keep)
-    if not keep:
+    fits = [i for i, ids in enumerate(prompt_ids) if len(ids) <= prompt_limit]
+    if not fits:
         raise UserError(f"every prompt is longer than {prompt_limit} tokens (model limit minus --max-tokens)")
-    max_model_len = max(len(prompt_ids[i]) for i in keep) + sampling.max_tokens
+    # Over all shards, so that every shard starts the same engine.
+    max_model_len = max(len(prompt_ids[i]) for i in fits) + sampling.max_tokens
+    in_shard = range(config.shard_index, len(problems), config.num_shards)
+    keep = [i for i in fits if i % config.num_shards == config.shard_index]
+    skipped_long = len(in_shard) - len(keep)
+    if not keep:
+        raise UserError(
+            f"shard {config.shard_index} of {config.num_shards} has no prompt that fits "
+            f"({len(problems)} prompts, {len(fits)} within {prompt_limit} tokens)"
+        )
+
+    identity = {"weights_sha256": weights_sha256(model_dir), "tokenizer_sha256": tokenizer_sha256(tokenizer)}
+    partial = PartialRun(out, _run_settings(config, identity, dataset_meta, template), config.overwrite)
+    progress = _resumed_progress(partial, len(keep))
+    remaining = keep[progress.prompts_done :]
 
     owns_engine = engine is None
     if owns_engine:
-        engine = load_engine(config.engine, model_dir, config.dtype, max_model_len, sampling.seed)
-    progress = Progress(prompts_total=len(keep))
+        engine = load_engine(
+            config.engine,
+            model_dir,
+            config.dtype,
+            max_model_len,
+            sampling.seed,
+            tensor_parallel_size=config.tensor_parallel_size,
+            data_parallel_size=config.data_parallel_size,
+        )
     try:
-        with (
-            RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer,
-            PoolWriter(out, config.overwrite) as writer,
-        ):
+        with RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer:
+            batch_started = time.monotonic()
             for batch in sample_and_score(
                 engine,
                 tokenizer,
                 scorer,
-                [problems[i] for i in keep],
-                [prompt_ids[i] for i in keep],
+                [problems[i] for i in remaining],
+                [prompt_ids[i] for i in remaining],
                 sampling,
                 config.batch_prompts,
             ):
-                chunk = keep[batch.start : batch.start + len(batch.problems)]
+                chunk = remaining[batch.start : batch.start + len(batch.problems)]
+                before = _counters(progress)
                 rows = _rows(
                     batch,
-                    chunk[0],
+                    chunk,
                     [prompts[i] for i in chunk],
                     [prompt_ids[i] for i in chunk],
                     sampling.m,
                     config.mixed_only,
                     progress,
                 )
-                writer.write_rows(rows)
                 progress.prompts_done += len(batch.problems)
+                now = time.monotonic()
+                counters = {key: value - before[key] for key, value in _counters(progress).items()}
+                counters |= {
+                    "timeouts": sum(r.status == "timeout" for r in batch.results),
+                    "errors": sum(r.status == "error" for r in batch.results),
+                    "seconds": now - batch_started,
+                }
+                batch_started = now
+                partial.add_part(pa.Table.from_pylist(rows, schema=POOL_SCHEMA), counters)
                 if on_batch is not None:
                     on_batch(progress)
-            metadata = _metadata(
-                config, model_dir, tokenizer, engine, template, dataset_meta, progress, skipped_long
+        if progress.responses == 0:
+            partial.remove()  # a complete run, nothing to resume
+            raise UserError(
+                "no group was kept (--mixed-only and no prompt had a mixed group); nothing written"
             )
-            metadata["reward"].update(timeouts=scorer.timeouts, errors=scorer.errors)
-            if progress.responses == 0:
-                raise UserError(
-                    "no group was kept (--mixed-only and no prompt had a mixed group); nothing written"
-                )
-            return writer.close(metadata)
+        metadata = _metadata(
+            config, model_dir, identity, tokenizer, engine, template, dataset_meta, progress, skipped_long
+        )
+        metadata["reward"].update(
+            timeouts=int(partial.total("timeouts")), errors=int(partial.total("errors"))
+        )
+        metadata["generation_seconds"] = round(partial.total("seconds"), 2)
+        if config.num_shards > 1:
+            metadata["shard"] = {
+                "index": config.shard_index,
+                "count": config.num_shards,
+                "dataset_prompts": len(problems),
+            }
+        with PoolWriter(out, config.overwrite) as writer:
+            for table in partial.tables():
+                writer.write_table(table)
+            path = writer.close(metadata)
+        partial.remove()  # only now: the pool holding the parts is in place
+        return path
     finally:
         if owns_engine:
             engine.close()
 
 
-def _metadata(config, model_dir, tokenizer, engine, template, dataset_meta, progress, skipped_long) -> dict:
+COUNTERS = ("prompts_done", "groups_kept", "mixed_groups", "responses", "reward_sum", "tokens", "truncated")
+
+
+def _counters(progress: Progress) -> dict:
+    return {key: getattr(progress, key) for key in COUNTERS}
+
+
+def _resumed_progress(partial: PartialRun, prompts_total: int) -> Progress:
+    """The totals of the parts an interrupted run of the same command completed (zero when none)."""
+    progress = Progress(prompts_total=prompts_total)
+    for key in COUNTERS:
+        value = partial.total(key)
+        setattr(progress, key, value if key == "reward_sum" else int(value))
+    progress.prompts_resumed, progress.responses_resumed = progress.prompts_done, progress.responses
+    return progress
+
+
+def _run_settings(config: GenerateConfig, identity: dict, dataset_meta: dict, template: str) -> dict:
+    """What makes a stored batch reusable: same weights, tokenizer, prompts, sampling, filter and shard.
+    Batch size, reward workers and the output path are left out: they do not change a prompt's rows."""
+    return {
+        "tool_version": __version__,
+        **identity,
+        **{f"dataset.{k}": v for k, v in dataset_meta.items() if k != "source"},
+        **config.sampling.as_dict(),
+        "template": template,
+        "engine": config.engine,
+        "dtype": config.dtype,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "data_parallel_size": config.data_parallel_size,
+        "mixed_only": config.mixed_only,
+        "reward_timeout_s": config.reward_timeout_s,
+        "shard_index": config.shard_index,
+        "num_shards": config.num_shards,
+    }
+
+
+def _metadata(
+    config, model_dir, identity, tokenizer, engine, template, dataset_meta, progress, skipped_long
+) -> dict:
     """The provenance stored in the pool footer under the ``ggpo_offline`` key."""
     described = engine.describe()
     return {
@@ -222,9 +338,9 @@ def _metadata(config, model_dir, tokenizer, engine, template, dataset_meta, prog
         "model": {
             "path": str(model_dir),
             "name": config.model or "embedded:tiny",
-            "weights_sha256": weights_sha256(model_dir),
+            "weights_sha256": identity["weights_sha256"],
         },
-        "tokenizer": {"sha256": tokenizer_sha256(tokenizer), "class": type(tokenizer).__name__},
+        "tokenizer": {"sha256": identity["tokenizer_sha256"], "class": type(tokenizer).__name__},
         "engine": {"name": described["name"], "version": described["version"]},
         "dtype": described["dtype"],
         "sampling": {
@@ -246,6 +362,5 @@ def _metadata(config, model_dir, tokenizer, engine, template, dataset_meta, prog
             "tokens": progress.tokens,
             "truncated": progress.truncated,
         },
-        "generation_seconds": round(progress.elapsed_s, 2),
         "config": {k: v for k, v in asdict(config).items() if k not in ("sampling", "out", "overwrite")},
     }

@@ -49,6 +49,9 @@ class RewardResult:
     """One of "ok", "no_box", "timeout", "error"."""
 
 
+TIMEOUT_REPEAT_S = 0.05
+
+
 class _ScoringTimeout(BaseException):
     """Raised by our SIGALRM handler: a BaseException, so math-verify's ``except Exception`` lets it pass."""
 
@@ -102,11 +105,20 @@ def _time_limit(seconds: float) -> Iterator[None]:
         yield
         return
     previous_handler = signal.signal(signal.SIGALRM, _raise_timeout)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    # A library may have blocked SIGALRM in this thread, or a bare ``except:`` may swallow one raise:
+    # unblock it, and keep firing every TIMEOUT_REPEAT_S until the block is left.
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGALRM])
+    signal.setitimer(signal.ITIMER_REAL, seconds, TIMEOUT_REPEAT_S)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        while True:  # a repeat may fire while the timer is being stopped: stop it again
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                break
+            except _ScoringTimeout:
+                continue
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         # None means the old handler was set outside Python; the default is the closest we can restore.
         signal.signal(signal.SIGALRM, signal.SIG_DFL if previous_handler is None else previous_handler)
 

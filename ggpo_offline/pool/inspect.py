@@ -4,7 +4,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ggpo_offline.pool.schema import read_pool_metadata
+from ggpo_offline.pool.source import open_pool
 
 LENGTH_PERCENTILES = (0.1, 0.5, 0.9, 0.99)
 
@@ -12,8 +12,9 @@ LENGTH_PERCENTILES = (0.1, 0.5, 0.9, 0.99)
 def pool_summary(path: Path | str) -> dict:
     """The numbers ``ggpo pool inspect`` prints, computed lazily by polars without loading the pool."""
     path = Path(path)
-    meta = read_pool_metadata(path)
-    rows = pl.scan_parquet(path).select(
+    source = open_pool(path)  # a file or a shard directory
+    meta = source.metadata
+    rows = pl.scan_parquet(source.files).select(
         pl.col("group_id"),
         pl.col("reward"),
         pl.col("finish_reason"),

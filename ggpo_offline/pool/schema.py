@@ -5,10 +5,13 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.errors import UserError, one_line
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"ggpo_offline"
+# Metadata sections that readers index into (``meta["model"].get("path")``, ...): when present they must be
+# JSON objects, so a hand-edited or corrupted footer is reported here instead of crashing a reader later.
+METADATA_SECTIONS = ("sampling", "model", "tokenizer", "dataset", "engine", "reward", "prompt_template")
 
 POOL_SCHEMA = pa.schema(
     [
@@ -30,17 +33,37 @@ POOL_SCHEMA = pa.schema(
 
 
 def read_pool_metadata(path) -> dict:
+    """A pool's metadata: a file's footer JSON, or a shard directory's shards merged (checked to agree)."""
+    from ggpo_offline.pool.source import open_pool
+
+    return open_pool(path).metadata
+
+
+def read_file_metadata(path) -> dict:
     """The JSON metadata stored in a pool file's footer; UserError when it is missing or malformed."""
     try:
         kv = pq.ParquetFile(path).metadata.metadata or {}
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise UserError(f"{path}: not a readable Parquet file ({exc})") from None
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        # ValueError covers pyarrow's ArrowInvalid and the UnicodeDecodeError of a corrupted column name.
+        raise UserError(f"{path}: not a readable Parquet file ({one_line(exc)})") from None
     if METADATA_KEY not in kv:
         raise UserError(f"{path}: no '{METADATA_KEY.decode()}' metadata (not a ggpo-offline pool)")
     try:
         meta = json.loads(kv[METADATA_KEY])
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: metadata '{METADATA_KEY.decode()}' is not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        # ValueError: bad JSON or bytes that are not UTF-8; RecursionError: JSON nested thousands deep.
+        what = "nested too deeply" if isinstance(exc, RecursionError) else one_line(exc)
+        raise UserError(f"{path}: metadata '{METADATA_KEY.decode()}' is not valid JSON ({what})") from None
     if not isinstance(meta, dict):
         raise UserError(f"{path}: metadata '{METADATA_KEY.decode()}' is not a JSON object")
+    for section in METADATA_SECTIONS:
+        if section in meta and not isinstance(meta[section], dict):
+            raise UserError(
+                f"{path}: metadata {section} is {_json_type(meta[section])}, expected a JSON object"
+            )
     return meta
+
+
+def _json_type(value: object) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.errors import UserError, one_line
 from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION, read_pool_metadata
 
 FINISH_REASONS = ("stop", "length")
@@ -35,23 +35,34 @@ class ValidationReport:
         )
 
 
+def _is_int(value: object) -> bool:
+    # JSON true/false load as bool, a subclass of int; 4.0 is a float. Neither is a count.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_metadata(path: Path) -> int:
     """The group size ``m`` declared by the metadata, after checking the fields validation relies on."""
     meta = read_pool_metadata(path)
-    if meta.get("schema_version") != SCHEMA_VERSION:
-        raise PoolInvalid(
-            f"{path}: metadata schema_version is {meta.get('schema_version')!r}, expected {SCHEMA_VERSION}"
-        )
-    m = meta.get("sampling", {}).get("m") if isinstance(meta.get("sampling"), dict) else None
-    if not isinstance(m, int) or m < 1:
+    version = meta.get("schema_version")
+    if not _is_int(version) or version != SCHEMA_VERSION:
+        raise PoolInvalid(f"{path}: metadata schema_version is {version!r}, expected {SCHEMA_VERSION}")
+    m = meta.get("sampling", {}).get("m")
+    if not _is_int(m) or m < 1:
         raise PoolInvalid(f"{path}: metadata sampling.m is {m!r}, expected a positive integer")
+    for key in ("name", "path"):  # `train` finds the pool's model through these
+        value = meta.get("model", {}).get(key)
+        if value is not None and not isinstance(value, str):
+            raise PoolInvalid(f"{path}: metadata model.{key} is {value!r}, expected a string")
     return m
 
 
 def _check_schema(path: Path, schema: pa.Schema) -> None:
     for field in POOL_SCHEMA:
-        if field.name not in schema.names:
+        copies = len(schema.get_all_field_indices(field.name))
+        if copies == 0:
             raise PoolInvalid(f"{path}: column '{field.name}' is missing")
+        if copies > 1:
+            raise PoolInvalid(f"{path}: column '{field.name}' appears {copies} times")
         actual = schema.field(field.name).type
         if actual != field.type:
             raise PoolInvalid(f"{path}: column '{field.name}' has type {actual}, expected {field.type}")
@@ -111,22 +122,44 @@ def _check_batch(path: Path, batch: pa.RecordBatch, start: int) -> int:
 
     for field in POOL_SCHEMA:
         column = batch.column(field.name)
+        try:
+            # Parquet pages are not checksummed: a flipped byte can yield broken list offsets or strings
+            # that are not UTF-8, which only a full validation notices before a reader trips on them.
+            column.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            rows = f"rows {start}-{start + batch.num_rows - 1}"
+            raise PoolInvalid(
+                f"{path}: {rows}, column '{field.name}': corrupt data ({one_line(exc)})"
+            ) from None
         if not field.nullable and column.null_count:
             fail(_first(column.is_null().to_numpy(zero_copy_only=False)), field.name, "is null")
+
+    for name in ("prompt_token_ids", "response_token_ids"):
+        column = batch.column(name)
+        if (bad := _first(pc.list_value_length(column).to_numpy() == 0)) is not None:
+            fail(bad, name, "is empty")
+        ids = column.flatten()
+        null_ids = ids.is_null().to_numpy(zero_copy_only=False)
+        negative = ids.fill_null(0).to_numpy() < 0
+        if (bad_flat := _first(null_ids | negative)) is not None:
+            row = pc.list_parent_indices(column)[bad_flat].as_py()
+            what = "a null token id" if null_ids[bad_flat] else f"token id {ids[bad_flat].as_py()}"
+            fail(row, name, f"holds {what} (token ids must be >= 0)")
 
     tokens, logprobs = batch.column("response_token_ids"), batch.column("behavior_logprobs")
     n_tokens = pc.list_value_length(tokens).to_numpy()
     n_logprobs = pc.list_value_length(logprobs).to_numpy()
     if (bad := _first(n_tokens != n_logprobs)) is not None:
         fail(bad, "behavior_logprobs", f"has {n_logprobs[bad]} values for {n_tokens[bad]} response tokens")
-    if (bad := _first(n_tokens == 0)) is not None:
-        fail(bad, "response_token_ids", "is empty")
 
-    flat = logprobs.flatten().to_numpy(zero_copy_only=False)
-    bad_flat = _first(~np.isfinite(flat) | (flat > 0))
+    values = logprobs.flatten()
+    null_values = values.is_null().to_numpy(zero_copy_only=False)
+    flat = values.to_numpy(zero_copy_only=False)  # nulls become NaN
+    bad_flat = _first(null_values | ~np.isfinite(flat) | (flat > 0))
     if bad_flat is not None:
-        row = int(np.searchsorted(np.cumsum(n_logprobs), bad_flat, side="right"))
-        fail(row, "behavior_logprobs", f"holds {flat[bad_flat]} (log-probs must be finite and <= 0)")
+        row = pc.list_parent_indices(logprobs)[bad_flat].as_py()
+        what = "a null" if null_values[bad_flat] else flat[bad_flat]
+        fail(row, "behavior_logprobs", f"holds {what} (log-probs must be finite and <= 0)")
 
     rewards = batch.column("reward").to_numpy(zero_copy_only=False)
     if (bad := _first(~np.isin(rewards, (0.0, 1.0)))) is not None:
@@ -140,16 +173,21 @@ def _check_batch(path: Path, batch: pa.RecordBatch, start: int) -> int:
 
 
 def validate_pool(path: Path | str, batch_size: int = 8192) -> ValidationReport:
-    """Validate a pool file without loading it whole; raises PoolInvalid naming the first problem."""
+    """Validate a pool file, or a directory of shard files, without loading it whole; raises PoolInvalid
+    naming the first problem."""
     path = Path(path)
+    if path.is_dir():
+        from ggpo_offline.pool.source import validate_shards
+
+        return validate_shards(path, batch_size)
     if not path.is_file():
-        raise PoolInvalid(f"{path}: no such pool file")
+        raise PoolInvalid(f"{path}: no such pool file or directory")
     m = _check_metadata(path)
-    parquet = pq.ParquetFile(path)
-    _check_schema(path, parquet.schema_arrow)
-    tracker = _GroupTracker(path, m)
     rows = tokens = 0
     try:
+        parquet = pq.ParquetFile(path)
+        _check_schema(path, parquet.schema_arrow)
+        tracker = _GroupTracker(path, m)
         for batch in parquet.iter_batches(batch_size=batch_size, columns=POOL_SCHEMA.names):
             tokens += _check_batch(path, batch, rows)
             tracker.feed(
@@ -159,8 +197,8 @@ def validate_pool(path: Path | str, batch_size: int = 8192) -> ValidationReport:
                 batch.column("prompt_id").to_pylist(),
             )
             rows += batch.num_rows
-    except (OSError, pa.ArrowException) as exc:
-        raise PoolInvalid(f"{path}: unreadable data after row {rows} ({exc})") from None
+    except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
+        raise PoolInvalid(f"{path}: unreadable data after row {rows} ({one_line(exc)})") from None
     if rows == 0:
         raise PoolInvalid(f"{path}: the pool has no rows")
     groups = tracker.finish(rows)

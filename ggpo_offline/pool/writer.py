@@ -2,12 +2,14 @@
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.errors import UserError, writing
 from ggpo_offline.pool.schema import METADATA_KEY, POOL_SCHEMA
 
 
@@ -22,37 +24,58 @@ def check_output_path(path: Path, overwrite: bool) -> None:
 class PoolWriter:
     """Streams row groups to ``.<name>.<pid>.tmp`` beside the target; ``close`` renames it into place.
 
-    An interrupted run leaves only the temporary file (removed by ``abort``), never a truncated pool
-    under the final name, and an existing pool stays intact until the new one is complete.
+    An interrupted or failed run (disk full, folder not writable: a UserError naming the pool) leaves no
+    temporary file and never a truncated pool under the final name, and an existing pool stays intact until
+    the new one is complete.
     """
 
     def __init__(self, path: Path, overwrite: bool = False):
         self.path = Path(path)
         check_output_path(self.path, overwrite)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp_path = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        self._writer = pq.ParquetWriter(self.tmp_path, POOL_SCHEMA, compression="zstd")
+        with writing(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(self.tmp_path, POOL_SCHEMA, compression="zstd")
         self.rows_written = 0
 
     def write_rows(self, rows: list[dict]) -> None:
         """Append one row group (whole groups only, so groups stay contiguous)."""
         if rows:
-            self._writer.write_table(pa.Table.from_pylist(rows, schema=POOL_SCHEMA))
+            table = pa.Table.from_pylist(rows, schema=POOL_SCHEMA)
+            with self._cleanup_on_failure(), writing(self.path):
+                self._writer.write_table(table)
             self.rows_written += len(rows)
+
+    def write_table(self, table: pa.Table) -> None:
+        """Append one row group given as an Arrow table of pool rows (whole groups only)."""
+        if table.num_rows:
+            table = table.select(POOL_SCHEMA.names).cast(POOL_SCHEMA)
+            with self._cleanup_on_failure(), writing(self.path):
+                self._writer.write_table(table)
+            self.rows_written += table.num_rows
 
     def close(self, metadata: dict) -> Path:
         """Store the metadata in the footer, then atomically rename the finished file into place."""
-        self._writer.add_key_value_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
-        self._writer.close()
-        os.replace(self.tmp_path, self.path)
+        with self._cleanup_on_failure(), writing(self.path):
+            self._writer.add_key_value_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+            self._writer.close()
+            os.replace(self.tmp_path, self.path)
         return self.path
 
     def abort(self) -> None:
         """Drop the partial file; whatever was at the final path before is untouched."""
-        try:
+        with suppress(Exception):  # the file is discarded; closing it may fail as the write did
             self._writer.close()
-        finally:
-            self.tmp_path.unlink(missing_ok=True)
+        self.tmp_path.unlink(missing_ok=True)
+
+    @contextmanager
+    def _cleanup_on_failure(self) -> Iterator[None]:
+        # Callers need not use ``with``: a failed write or close removes the temporary file by itself.
+        try:
+            yield
+        except BaseException:
+            self.abort()
+            raise
 
     def __enter__(self) -> "PoolWriter":
         return self

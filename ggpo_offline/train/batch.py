@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 
+from ggpo_offline.pool.source import RowGroups, open_pool
 from ggpo_offline.train.plan import PoolIndex
 
 COLUMNS = [
@@ -80,13 +80,13 @@ class MinibatchReader:
     """Loads the rows of planned groups, reading only the Parquet row groups that hold them."""
 
     def __init__(self, path: Path, index: PoolIndex, pad_id: int):
-        self.parquet = pq.ParquetFile(path)
+        self.row_groups = RowGroups(open_pool(path).files)  # a file or a shard directory
         self.index = index
         self.pad_id = pad_id
 
     def read(self, group_ids: list[int]) -> Minibatch:
         row_groups = sorted({rg for gid in group_ids for rg in self.index.row_groups_of[gid]})
-        table = self.parquet.read_row_groups(row_groups, columns=COLUMNS)
+        table = self.row_groups.read_many(row_groups, columns=COLUMNS)
         table = table.filter(pc.is_in(table.column("group_id"), pa.array(group_ids, pa.int64())))
         rows = {}
         for row in table.to_pylist():

@@ -1,32 +1,102 @@
 """Checkpoints: Hugging Face folders (loadable by vLLM) plus the state needed to resume exactly."""
 
+import errno
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from ggpo_offline.errors import UserError, os_reason
+from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
+
 STATE_FILE = "trainer_state.pt"
 PREFIX = "update-"
+# Below this much free space a failed save is reported as a full disk (see _removed_on_failure).
+FULL_DISK_BYTES = 1 << 20
 
 
 def checkpoint_dir(run_dir: Path, update: int) -> Path:
     return run_dir / "checkpoints" / f"{PREFIX}{update:06d}"
 
 
-def save_checkpoint(path: Path, model, tokenizer, state: dict | None) -> Path:
-    """Write into a temporary folder, then rename it into place: a crash mid-save keeps the old one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if state is not None:
-        torch.save(state, tmp / STATE_FILE)
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:03d}.pt"
+
+
+def save_checkpoint(
+    path: Path,
+    model,
+    tokenizer,
+    run_state: dict | None,
+    rank_state: dict | None = None,
+    ranks: Ranks = SINGLE_PROCESS,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Every rank calls this. Rank 0 writes the model (``weights``, or the model's own), the tokenizer and
+    ``run_state`` into a temporary folder, each rank adds its ``rank_state``, then rank 0 renames the folder
+    into place: a crash mid-save leaves no half checkpoint and keeps the earlier ones."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    with _removed_on_failure(path, tmp):
+        if ranks.main:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            model.save_pretrained(tmp, state_dict=weights)
+            tokenizer.save_pretrained(tmp)
+        barrier(ranks)
+        if rank_state is not None:
+            torch.save(rank_state, tmp / _rank_file(ranks.rank))
+        barrier(ranks)
+        if ranks.main:
+            if run_state is not None:
+                torch.save(run_state, tmp / STATE_FILE)  # last: a folder with it is complete
+            _replace_folder(tmp, path)
+        barrier(ranks)
     return path
+
+
+@contextmanager
+def _removed_on_failure(path: Path, tmp: Path) -> Iterator[None]:
+    """A failed save removes its temporary folder; a full disk or unwritable folder becomes one UserError
+    naming the checkpoint."""
+    try:
+        yield
+    except BaseException as exc:
+        # torch.save and safetensors report a full disk as RuntimeError / SafetensorError, not OSError,
+        # so the free space (measured before the partial folder is removed) tells what happened.
+        full = isinstance(exc, Exception) and not isinstance(exc, OSError) and _disk_full(path.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise UserError(f"cannot write checkpoint {path}: {os_reason(exc)}") from exc
+        if full:
+            raise UserError(f"cannot write checkpoint {path}: {os.strerror(errno.ENOSPC)}") from exc
+        raise
+
+
+def _disk_full(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder).free < FULL_DISK_BYTES
+    except OSError:
+        return False
+
+
+def _replace_folder(tmp: Path, path: Path) -> None:
+    """Rename ``tmp`` to ``path``. A folder cannot be renamed onto a non-empty one, so a previous checkpoint
+    is moved aside first and only deleted once the new one is in place (moved back if the rename fails)."""
+    if not path.exists():
+        os.replace(tmp, path)
+        return
+    old = path.with_name(f".old-{path.name}")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(path, old)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.replace(old, path)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -38,5 +108,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_state(path: Path) -> dict:
-    return torch.load(path / STATE_FILE, weights_only=False)
+def load_state(path: Path, rank: int | None) -> tuple[dict, dict | None]:
+    """(the run's state, ``rank``'s own state, None when ``rank`` is None)."""
+    run_state = torch.load(path / STATE_FILE, weights_only=False)
+    rank_state = None if rank is None else torch.load(path / _rank_file(rank), weights_only=False)
+    return run_state, rank_state

@@ -58,6 +58,9 @@ class TrainConfig:
     forward_tokens: int = FORWARD_TOKENS
     """Padded positions per decoder forward inside a pass: rows are length-sorted into forwards of at most
     this many (prompt + response) positions, so little compute goes to padding."""
+    fsdp: bool = False
+    """Under torchrun: shard weights, gradients and optimizer state with FSDP2 instead of replicating them
+    with DDP (for GPUs; one process ignores it)."""
     log_every: int = 1
     """Log metrics every N updates."""
     ess_block: int = 8

@@ -17,11 +17,6 @@ so peak memory stays flat as the vocabulary grows; the backward pass recomputes 
 LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-def default_device() -> torch.device:
-    """The learner's device: the GPU when there is one."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def autocast_for(device: torch.device):
     """bf16 autocast on CUDA (fp32 master weights); plain fp32 on CPU."""
     if device.type == "cuda":
@@ -36,10 +31,12 @@ def _response_positions(batch: Minibatch, length: int, device: torch.device) -> 
     return positions.clamp(max=length - 1)
 
 
-def length_buckets(lengths: list[int], forward_tokens: int) -> list[list[int]]:
+def length_buckets(lengths: list[int], forward_tokens: int | None) -> list[list[int]]:
     """Row indices, longest first, cut into runs whose padded size (rows × their longest) fits
-    ``forward_tokens``; a row longer than that gets a forward of its own."""
+    ``forward_tokens``; a row longer than that gets a forward of its own. None: one forward for all."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    if forward_tokens is None:
+        return [order]
     buckets: list[list[int]] = []
     for i in order:
         if buckets and (len(buckets[-1]) + 1) * lengths[buckets[-1][0]] <= forward_tokens:
@@ -54,7 +51,7 @@ def response_logprobs(
     batch: Minibatch,
     with_entropy: bool = False,
     chunk_tokens: int | None = None,
-    forward_tokens: int = FORWARD_TOKENS,
+    forward_tokens: int | None = FORWARD_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log π(a_t | x, a_<t)`` for every response token, ``(B, T)``; padding positions hold 0.
 
@@ -95,6 +92,20 @@ def response_logprobs(
     if not with_entropy:
         return logp, None
     return logp, torch.zeros(shape, device=device).index_put(index, entropy_flat)
+
+
+class ResponseLogprobs(torch.nn.Module):
+    """A causal LM whose forward is `response_logprobs`: one module call per micro-batch, so DDP's and
+    FSDP2's hooks (gradient reduction, parameter gathering) see every use of the weights, head included."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, batch: Minibatch, with_entropy: bool = False, forward_tokens: int | None = FORWARD_TOKENS
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return response_logprobs(self.model, batch, with_entropy, forward_tokens=forward_tokens)
 
 
 class TokenLogprobs(torch.autograd.Function):

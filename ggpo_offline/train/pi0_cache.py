@@ -9,6 +9,7 @@ model's weight hash and the numerics; ``Pi0Cache`` serves them per minibatch and
 import json
 import os
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,12 +17,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.errors import UserError, writing
 from ggpo_offline.model_io import initial_model_dir, load_tokenizer, weights_sha256
 from ggpo_offline.pool.schema import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
-from ggpo_offline.train.logprobs import default_device, response_logprobs
+from ggpo_offline.train.distributed import device_of
+from ggpo_offline.train.logprobs import response_logprobs
 from ggpo_offline.train.plan import index_pool, pool_fingerprint
 
 CACHE_KEY = b"ggpo_offline_pi0"
@@ -84,37 +86,40 @@ def score_pool(
     target = cache_path(pool, key)
     if target.is_file() and _read_key(target) == key:
         return Pi0Cache(target, key)
-    target.parent.mkdir(parents=True, exist_ok=True)
     index = index_pool(pool)
     tokenizer = load_tokenizer(model_dir)
     reader = MinibatchReader(pool, index, pad_id=tokenizer.pad_token_id or 0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
     groups = index.mixed_group_ids.tolist()
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    writer = pq.ParquetWriter(tmp, CACHE_SCHEMA, compression="zstd")
+    with writing(target):  # disk full or folder not writable: one UserError naming the cache
+        target.parent.mkdir(parents=True, exist_ok=True)
+        writer = pq.ParquetWriter(tmp, CACHE_SCHEMA, compression="zstd")
     try:
         for start in range(0, len(groups), GROUPS_PER_PASS):
             batch = reader.read(groups[start : start + GROUPS_PER_PASS])
             with torch.no_grad():
                 logp = response_logprobs(model, batch)[0].cpu()
             lengths = batch.mask.sum(dim=1).long().tolist()
-            writer.write_table(
-                pa.table(
-                    {
-                        "group_id": [gid for gid in batch.group_ids for _ in range(batch.group_size)],
-                        "sample_idx": list(range(batch.group_size)) * len(batch.group_ids),
-                        "logprobs": [logp[i, :n].tolist() for i, n in enumerate(lengths)],
-                    },
-                    schema=CACHE_SCHEMA,
-                )
+            table = pa.table(
+                {
+                    "group_id": [gid for gid in batch.group_ids for _ in range(batch.group_size)],
+                    "sample_idx": list(range(batch.group_size)) * len(batch.group_ids),
+                    "logprobs": [logp[i, :n].tolist() for i, n in enumerate(lengths)],
+                },
+                schema=CACHE_SCHEMA,
             )
+            with writing(target):
+                writer.write_table(table)
             if on_progress is not None:
                 on_progress(min(start + GROUPS_PER_PASS, len(groups)), len(groups))
-        writer.add_key_value_metadata({CACHE_KEY: json.dumps(key)})
-        writer.close()
-        os.replace(tmp, target)
+        with writing(target):
+            writer.add_key_value_metadata({CACHE_KEY: json.dumps(key)})
+            writer.close()
+            os.replace(tmp, target)
     except BaseException:
-        writer.close()
+        with suppress(Exception):  # the partial file is discarded; closing it may fail as the write did
+            writer.close()
         tmp.unlink(missing_ok=True)
         raise
     return Pi0Cache(target, key)
@@ -127,7 +132,7 @@ def ensure_pi0_cache(
     score it on the learner's device unless a matching cache exists."""
     validate_pool(pool)
     model_dir = initial_model_dir(model, read_pool_metadata(pool))
-    return score_pool(pool, model_dir, default_device(), on_progress)
+    return score_pool(pool, model_dir, device_of(), on_progress)
 
 
 class Pi0Cache:

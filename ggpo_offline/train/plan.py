@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ggpo_offline.errors import UserError
-from ggpo_offline.pool.schema import read_pool_metadata
+from ggpo_offline.pool.source import RowGroups, open_pool
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,15 @@ class PoolIndex:
 
 
 def index_pool(path: Path) -> PoolIndex:
-    """Stream ``group_id`` and ``reward`` row group by row group and keep the mixed-reward groups."""
-    m = read_pool_metadata(path)["sampling"]["m"]
-    parquet = pq.ParquetFile(path)
+    """Stream ``group_id`` and ``reward`` row group by row group and keep the mixed-reward groups.
+
+    ``path`` is a pool file or a shard directory; row groups are numbered across its files (see
+    ``RowGroups``). A directory's mixed groups are listed by ascending group id, the order of the file
+    ``ggpo pool merge`` writes from it, so both plan the same minibatches.
+    """
+    source = open_pool(path)
+    m = source.metadata["sampling"]["m"]
+    row_group_reader = RowGroups(source.files)
     mixed: list[int] = []
     row_groups_of: dict[int, tuple[int, ...]] = {}
     total = rows = 0
@@ -39,8 +45,8 @@ def index_pool(path: Path) -> PoolIndex:
             mixed.append(current[0])
             row_groups_of[current[0]] = tuple(current[2])
 
-    for row_group in range(parquet.num_row_groups):
-        table = parquet.read_row_group(row_group, columns=["group_id", "reward"])
+    for row_group in range(len(row_group_reader)):
+        table = row_group_reader.read(row_group, columns=["group_id", "reward"])
         for gid, reward in zip(
             table.column("group_id").to_pylist(), table.column("reward").to_pylist(), strict=True
         ):
@@ -53,6 +59,8 @@ def index_pool(path: Path) -> PoolIndex:
             current[1] += reward
         rows += table.num_rows
     close_group()
+    if len(source.files) > 1:
+        mixed.sort()
     return PoolIndex(np.array(mixed, dtype=np.int64), row_groups_of, m, total, rows)
 
 
@@ -79,7 +87,10 @@ def data_order_fingerprint(plan: np.ndarray) -> str:
 
 
 def pool_fingerprint(path: Path) -> str:
-    """sha256 of the pool metadata and its row count (identifies the data, not the file bytes)."""
-    meta = read_pool_metadata(path)
-    rows = pq.ParquetFile(path).metadata.num_rows
+    """sha256 of the pool metadata and its row count (identifies the data, not the file bytes).
+
+    A shard directory and the file ``ggpo pool merge`` writes from it have the same fingerprint."""
+    source = open_pool(path)
+    meta = source.metadata
+    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in source.files)
     return hashlib.sha256(json.dumps({"metadata": meta, "rows": rows}, sort_keys=True).encode()).hexdigest()

@@ -21,8 +21,23 @@ from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
 from ggpo_offline.train.checkpoint import checkpoint_dir, latest_checkpoint, load_state, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.distributed import (
+    SINGLE_PROCESS,
+    Ranks,
+    all_cat,
+    all_sum,
+    barrier,
+    check_split,
+    device_of,
+    full_state_dict,
+    gradient_sync,
+    init_ranks,
+    rank_groups,
+    scalar,
+    wrap,
+)
 from ggpo_offline.train.evaluation import eval_config, eval_due, eval_metrics, eval_report_path
-from ggpo_offline.train.logprobs import default_device, response_logprobs
+from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.pi0_cache import Pi0Cache, score_pool
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
 
@@ -31,6 +46,8 @@ RESULT_FILE = "result.json"
 """Written last: a run folder holding it is a finished run (compare reuses such runs)."""
 # Without checkpoints, metrics still reach the tracker this often (updates).
 FLUSH_EVERY = 20
+SUMMED_METRICS = ("loss", "mismatch/k3", "mismatch/drift", "policy/entropy", "ref/log_ratio")
+"""Per-minibatch diagnostics normalized by global counts: micro-batches and ranks add up."""
 
 
 @dataclass(frozen=True)
@@ -54,19 +71,21 @@ def check_tokenizer(config: TrainConfig, pool_meta: dict, tokenizer) -> None:
         )
 
 
-def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool, ranks: Ranks = SINGLE_PROCESS) -> None:
     """A run folder is only reused on --resume and only replaced on --overwrite."""
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if resume:
-            return
-        if not overwrite:
-            raise UserError(
-                f"{run_dir} already exists; pass --resume to continue it or --overwrite to replace it"
-            )
-        shutil.rmtree(run_dir)
-    elif resume:
+    exists = run_dir.exists() and any(run_dir.iterdir())
+    if exists and not resume and not overwrite:
+        raise UserError(
+            f"{run_dir} already exists; pass --resume to continue it or --overwrite to replace it"
+        )
+    if resume and not exists:
         raise UserError(f"--resume: {run_dir} holds no run to resume")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    barrier(ranks)  # every rank has checked the folder before rank 0 changes it
+    if ranks.main:
+        if exists and not resume:
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    barrier(ranks)
 
 
 def _loss_kwargs(config: TrainConfig) -> dict:
@@ -80,25 +99,32 @@ def _loss_kwargs(config: TrainConfig) -> dict:
 
 
 class Trainer:
-    """Owns the models, the optimizer and the counters of one run."""
+    """Owns the model, the optimizer and the counters of one run (of this rank, when distributed)."""
 
     def __init__(
         self,
         config: TrainConfig,
-        model_dir: Path,
-        device: torch.device,
+        weights: Path,
         read_update: Callable[[int], Minibatch],
         pi0: Pi0Cache | None,
+        ranks: Ranks = SINGLE_PROCESS,
     ):
-        """``read_update(u)`` gives the minibatch of update u; ``pi0`` serves the initial model's log-probs
-        (needed by every method with a reference)."""
+        """``weights``: the initial model or the checkpoint being resumed; ``read_update(u)`` gives this
+        rank's share of the minibatch of update u; ``pi0`` serves the initial model's log-probs (needed by
+        every method with a reference)."""
         from transformers import AutoModelForCausalLM
 
         self.config = config
-        self.device = device
-        self.tokenizer = load_tokenizer(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
-        self.model.train()
+        self.ranks = ranks
+        self.device = device_of(ranks)
+        self.tokenizer = load_tokenizer(weights)
+        self.model = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32).to(self.device)
+        self.learner = wrap(ResponseLogprobs(self.model), ranks, config.fsdp)
+        self.learner.train()
+        self.sharded = ranks.distributed and config.fsdp
+        # FSDP2 gathers a layer's weights at every decoder call, so all ranks must make the same calls:
+        # one decoder forward per micro-batch instead of length-sorted forwards.
+        self.forward_tokens = None if self.sharded else config.forward_tokens
         needs = method_needs(config.method)
         self.needs_ref, self.needs_old = "ref_logp" in needs, "old_logp" in needs
         self.read_update = read_update
@@ -109,7 +135,7 @@ class Trainer:
         self.ref_window: dict[int, list[torch.Tensor]] = {}
         self.old_window: dict[int, list[torch.Tensor]] = {}
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            self.learner.parameters(),
             lr=config.lr,
             betas=(config.adam_beta1, config.adam_beta2),
             weight_decay=config.weight_decay,
@@ -120,28 +146,39 @@ class Trainer:
         self.ess_log_weights: list[torch.Tensor] = []
 
     # -- state --------------------------------------------------------------------------------------
-    def state(self, run_id: str | None) -> dict:
-        return {
+    def state(self, run_id: str | None) -> tuple[dict, dict]:
+        """(the run's state, written by rank 0; this rank's own: its anchor windows, and its optimizer
+        shard under FSDP2)."""
+        optimizer = self.optimizer.state_dict()
+        run_state = {
             "update": self.update,
-            "optimizer": self.optimizer.state_dict(),
-            "ref_window": self.ref_window,
-            "old_window": self.old_window,
+            "optimizer": None if self.sharded else optimizer,
             "ess_log_weights": self.ess_log_weights,
             "torch_rng": torch.get_rng_state(),
             "run_id": run_id,
             "config": self.config.to_dict(),
+            "world": self.ranks.world,
         }
+        rank_state = {
+            "ref_window": self.ref_window,
+            "old_window": self.old_window,
+            "optimizer": optimizer if self.sharded else None,
+        }
+        return run_state, rank_state
 
-    def load(self, checkpoint: Path, state: dict) -> None:
-        from transformers import AutoModelForCausalLM
+    def restore(self, run_state: dict, rank_state: dict) -> None:
+        """Continue from a checkpoint whose weights this trainer was built from."""
+        self.optimizer.load_state_dict(rank_state["optimizer"] if self.sharded else run_state["optimizer"])
+        self.ref_window, self.old_window = rank_state["ref_window"], rank_state["old_window"]
+        self.ess_log_weights = run_state["ess_log_weights"]
+        torch.set_rng_state(run_state["torch_rng"])
+        self.update = run_state["update"]
 
-        saved = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
-        self.model.load_state_dict(saved.state_dict())
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.ref_window, self.old_window = state["ref_window"], state["old_window"]
-        self.ess_log_weights = state["ess_log_weights"]
-        torch.set_rng_state(state["torch_rng"])
-        self.update = state["update"]
+    def save(self, path: Path, run_id: str | None, resumable: bool = True) -> Path:
+        """A Hugging Face folder of the full weights (+ resume state); every rank takes part."""
+        weights = full_state_dict(self.learner)  # FSDP2: gathered on rank 0
+        run_state, rank_state = self.state(run_id) if resumable else (None, None)
+        return save_checkpoint(path, self.model, self.tokenizer, run_state, rank_state, self.ranks, weights)
 
     # -- one update ---------------------------------------------------------------------------------
     def refresh_anchors(self) -> None:
@@ -158,49 +195,45 @@ class Trainer:
 
     @torch.no_grad()
     def _anchor_pass(self, updates: range) -> dict[int, list[torch.Tensor]]:
-        self.model.eval()
+        self.learner.eval()
         try:
             return {
                 update: [
-                    response_logprobs(self.model, micro, forward_tokens=self.config.forward_tokens)[0].cpu()
+                    self.learner(micro, forward_tokens=self.forward_tokens)[0].cpu()
                     for micro in self.read_update(update).split(self.config.micro_batch_size)
                 ]
                 for update in updates
             }
         finally:
-            self.model.train()
+            self.learner.train()
 
     def step(self, batch: Minibatch) -> dict[str, float]:
-        """One optimizer update on one minibatch; returns its metrics (computed before the step)."""
+        """One optimizer update on (this rank's share of) one minibatch; returns the minibatch's metrics,
+        reduced over ranks and computed before the step."""
         self.refresh_anchors()
-        token_count = batch.mask.sum().to(self.device)  # T_tok of the whole minibatch (SPEC)
-        responses = batch.num_responses
+        token_count = all_sum(batch.mask.sum(), self.ranks).to(self.device)  # T_tok of the whole minibatch
+        responses = batch.num_responses * self.ranks.world
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {
-            "loss": 0.0,
-            "mismatch/k3": 0.0,
-            "mismatch/drift": 0.0,
-            "policy/entropy": 0.0,
-            "ref/log_ratio": 0.0,
-        }
+        sums = dict.fromkeys(SUMMED_METRICS, 0.0)
         seq_log_weights, qs, stats = [], [], []
         micros = batch.split(self.config.micro_batch_size)
         for position, micro in enumerate(micros):
             constants = self._constants(micro, position)
-            logp, entropy = response_logprobs(
-                self.model, micro, with_entropy=True, forward_tokens=self.config.forward_tokens
-            )
             mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
-            out = self.loss_fn(
-                logp=logp,
-                mask=mask,
-                rewards=micro.rewards.to(self.device),
-                group_size=micro.group_size,
-                token_count=token_count,
-                **constants,
-                **self.loss_kwargs,
-            )
-            out.loss.backward()
+            with gradient_sync(self.learner, enabled=position == len(micros) - 1):
+                logp, entropy = self.learner(micro, with_entropy=True, forward_tokens=self.forward_tokens)
+                out = self.loss_fn(
+                    logp=logp,
+                    mask=mask,
+                    rewards=micro.rewards.to(self.device),
+                    group_size=micro.group_size,
+                    token_count=token_count,
+                    **constants,
+                    **self.loss_kwargs,
+                )
+                # DDP and FSDP2 average gradients over ranks; a loss normalized by the global T_tok wants
+                # their sum, the 1-process gradient.
+                (out.loss * self.ranks.world).backward()
             logp = logp.detach()
             sums["loss"] += out.loss.item()
             sums["mismatch/k3"] += diag.mismatch_k3(logp, behavior, mask, token_count=token_count).item()
@@ -215,7 +248,9 @@ class Trainer:
             if "q" in out.stats:
                 qs.append(out.stats["q"])
             stats.append(out.stats)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip).item()
+        grad_norm = scalar(torch.nn.utils.clip_grad_norm_(self.learner.parameters(), self.config.grad_clip))
+        totals = all_sum(torch.tensor(list(sums.values()), dtype=torch.float64), self.ranks).tolist()
+        sums = dict(zip(sums, totals, strict=True))
         if not (math.isfinite(sums["loss"]) and math.isfinite(grad_norm)):
             raise UserError(
                 f"non-finite loss or gradient at update {self.update} "
@@ -241,23 +276,31 @@ class Trainer:
         return {k: v.to(self.device) for k, v in constants.items() if k in needs}
 
     def _metrics(self, batch, sums, grad_norm, seq_log_weights, qs, rewards, stats) -> dict[str, float]:
+        """Per-minibatch metrics: sums over ranks, and order-free statistics of all ranks' rows."""
+
+        def everyone(value: torch.Tensor) -> torch.Tensor:
+            return all_cat(value, self.ranks)
+
         metrics = dict(sums)
+        seq_log_weights = everyone(seq_log_weights)
         metrics["mismatch/ess"] = diag.sequence_ess(seq_log_weights).item()
         metrics["optim/grad_norm"] = grad_norm
-        metrics["train/reward"] = batch.rewards.mean().item()
-        metrics["train/response_length"] = batch.mask.sum(dim=1).mean().item()
-        metrics["train/truncated_frac"] = batch.truncated.float().mean().item()
+        metrics["train/reward"] = everyone(batch.rewards).mean().item()
+        metrics["train/response_length"] = everyone(batch.mask.sum(dim=1)).mean().item()
+        metrics["train/truncated_frac"] = everyone(batch.truncated.float()).mean().item()
         if qs:
-            q, rewards = torch.cat(qs), rewards.to(self.device)
+            q, rewards = everyone(torch.cat(qs)), everyone(rewards)
             metrics["ggpo/q_ess"] = diag.q_ess_median(q, batch.group_size).item()
             success = diag.success_ess(q, rewards, batch.group_size)
             if success is not None:
                 metrics["ggpo/success_ess"] = success.item()
         for key in stats[0]:
             if stats[0][key].dim() == 0:  # scalar statistics of the learner, summed over micro-batches
-                metrics[f"{self.config.method}/{key}"] = sum(s[key].item() for s in stats)
+                total = all_sum(torch.stack([s[key].detach().double() for s in stats]).sum(), self.ranks)
+                metrics[f"{self.config.method}/{key}"] = total.item()
             elif key == "group_loss":
-                metrics[f"{self.config.method}/group_loss"] = torch.cat([s[key] for s in stats]).mean().item()
+                group_loss = everyone(torch.cat([s[key] for s in stats]))
+                metrics[f"{self.config.method}/group_loss"] = group_loss.mean().item()
         self.ess_log_weights.append(seq_log_weights.cpu())
         if len(self.ess_log_weights) == self.config.ess_block:
             metrics["mismatch/ess_block"] = diag.sequence_ess(torch.cat(self.ess_log_weights)).item()
@@ -265,10 +308,27 @@ class Trainer:
         return metrics
 
 
-def _device(config: TrainConfig) -> torch.device:
+def _threads(config: TrainConfig) -> None:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    return default_device()
+
+
+def _resume_point(run_dir: Path, config: TrainConfig, ranks: Ranks) -> Path:
+    """The checkpoint ``--resume`` continues from, after checking it belongs to this run and job size."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise UserError(f"--resume: {run_dir} has no checkpoint to resume from")
+    run_state, _ = load_state(checkpoint, rank=None)
+    if "world" not in run_state:
+        raise UserError(f"--resume: {checkpoint} comes from an older ggpo-offline; start the run again")
+    if run_state["config"] != config.to_dict():
+        raise UserError(f"--resume: the settings differ from those of the run in {run_dir}")
+    if run_state["world"] != ranks.world:
+        raise UserError(
+            f"--resume: {run_dir} was trained by {run_state['world']} process(es); resume it with the same "
+            f"number (now {ranks.world})"
+        )
+    return checkpoint
 
 
 def _write_metrics(path: Path, records: list[dict]) -> None:
@@ -302,9 +362,14 @@ def train(
     With ``config.eval_every`` the learner is evaluated at update 0, every N updates and at the end, each
     time from a checkpoint saved at that update; ``evaluator`` shares one (started engine, evaluation
     protocol) between runs, by default the run starts its own. ``parent_run_id`` nests the MLflow run.
+
+    Under torchrun every process calls this: each trains its contiguous share of every minibatch's groups
+    (DDP, or FSDP2 with ``config.fsdp``); rank 0 alone evaluates, talks to MLflow and writes files.
     """
     from ggpo_offline import tracking
 
+    ranks = init_ranks()
+    check_split(config.groups_per_batch, ranks)
     pool = Path(config.pool)
     validate_pool(pool)
     pool_meta = read_pool_metadata(pool)
@@ -317,38 +382,39 @@ def train(
         "pool_fingerprint": pool_fingerprint(pool),
         "data_order_fingerprint": data_order_fingerprint(plan),
     }
-    owns_evaluator = evaluator is None and config.eval_every is not None
+    owns_evaluator = evaluator is None and config.eval_every is not None and ranks.main
     if owns_evaluator:
         # Built here, before anything is written: it checks the benchmarks.
         evaluator = Evaluator(eval_config(config, model_dir))
     tracking_uri = config.tracking_uri or tracking.default_tracking_uri()
-    if not config.no_tracking:
+    if not config.no_tracking and ranks.main:
         tracking.check_tracking_reachable(tracking_uri)
     run_dir = config.run_dir
-    prepare_run_dir(run_dir, resume, overwrite)
+    prepare_run_dir(run_dir, resume, overwrite, ranks)
+    checkpoint = _resume_point(run_dir, config, ranks) if resume else None
 
-    device = _device(config)
+    _threads(config)
     pi0 = None
     if "ref_logp" in method_needs(config.method):
         # Scored once per pool and model (a no-op when the cache exists), shared by every run on the pool.
-        pi0 = score_pool(pool, model_dir, device)
+        if ranks.main:
+            score_pool(pool, model_dir, device_of(ranks))
+        barrier(ranks)
+        pi0 = score_pool(pool, model_dir, device_of(ranks))
     reader = MinibatchReader(pool, index, pad_id=tokenizer.pad_token_id or 0)
+
+    def read_update(update: int) -> Minibatch:
+        return reader.read(rank_groups(plan[update].tolist(), ranks))
+
     torch.manual_seed(config.seed)
-    trainer = Trainer(config, model_dir, device, lambda update: reader.read(plan[update].tolist()), pi0)
+    trainer = Trainer(config, checkpoint or model_dir, read_update, pi0, ranks)
     run_id = None
-    if resume:
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise UserError(f"--resume: {run_dir} has no checkpoint to resume from")
-        state = load_state(checkpoint)
-        if "ref_window" not in state:
-            raise UserError(f"--resume: {checkpoint} comes from an older ggpo-offline; start the run again")
-        if state["config"] != config.to_dict():
-            raise UserError(f"--resume: the settings differ from those of the run in {run_dir}")
-        trainer.load(checkpoint, state)
-        run_id = state["run_id"]
+    if checkpoint is not None:
+        run_state, rank_state = load_state(checkpoint, ranks.rank)
+        trainer.restore(run_state, rank_state)
+        run_id = run_state["run_id"]
     metrics_path = run_dir / METRICS_FILE
-    history = _read_metrics(metrics_path, trainer.update)
+    history = _read_metrics(metrics_path, trainer.update) if ranks.main else []
 
     tracker = tracking.start_tracking(
         experiment=config.experiment or pool.stem,
@@ -356,9 +422,9 @@ def train(
         tracking_uri=config.tracking_uri,
         resume_run_id=run_id,
         parent_run_id=parent_run_id,
-        enabled=not config.no_tracking,
+        enabled=not config.no_tracking and ranks.main,
     )
-    if run_id is None:
+    if run_id is None and ranks.main:
         tracker.log_params({**config.to_dict(), "model_dir": str(model_dir)})
         tracker.set_tags({**fingerprints, "ggpo_offline_version": __version__, "method": config.method})
         tracker.log_dict(config.to_dict(), "config.json")
@@ -370,17 +436,22 @@ def train(
         for record in pending:
             tracker.log_metrics({k: v for k, v in record.items() if k != "update"}, step=record["update"])
         tracker.flush()
-        _write_metrics(metrics_path, pending)
+        if ranks.main:
+            _write_metrics(metrics_path, pending)
         history.extend(pending)
         pending.clear()
 
     def evaluate_at(update: int) -> dict[str, float]:
-        weights = model_dir if update == 0 else checkpoint_dir(run_dir, update)
-        report = evaluator.evaluate(weights)
-        write_json(report, eval_report_path(run_dir, update))
-        if on_eval is not None:
-            on_eval(update, report)
-        return eval_metrics(report)
+        metrics = {}
+        if ranks.main:
+            weights = model_dir if update == 0 else checkpoint_dir(run_dir, update)
+            report = evaluator.evaluate(weights)
+            write_json(report, eval_report_path(run_dir, update))
+            if on_eval is not None:
+                on_eval(update, report)
+            metrics = eval_metrics(report)
+        barrier(ranks)  # the other ranks wait for rank 0's evaluation
+        return metrics
 
     status = "FAILED"
     try:
@@ -389,7 +460,7 @@ def train(
             record = {"update": update}
             if eval_due(config, update):
                 record.update(evaluate_at(update))
-            metrics = trainer.step(reader.read(plan[update].tolist()))
+            metrics = trainer.step(read_update(update))
             if update % config.log_every == 0 or trainer.update == config.updates:
                 record.update(metrics)
             if len(record) > 1:
@@ -399,18 +470,13 @@ def train(
             saving = config.save_every is not None and trainer.update % config.save_every == 0
             if saving or trainer.update == config.updates or eval_due(config, trainer.update):
                 flush()  # metrics reach the store together with the checkpoint that reproduces them
-                save_checkpoint(
-                    checkpoint_dir(run_dir, trainer.update),
-                    trainer.model,
-                    trainer.tokenizer,
-                    trainer.state(tracker.run_id),
-                )
+                trainer.save(checkpoint_dir(run_dir, trainer.update), tracker.run_id)
             elif config.save_every is None and trainer.update % FLUSH_EVERY == 0:
                 flush()
         if eval_due(config, config.updates):
             pending.append({"update": config.updates, **evaluate_at(config.updates)})
             flush()
-        final = save_checkpoint(run_dir / "final", trainer.model, trainer.tokenizer, None)
+        final = trainer.save(run_dir / "final", tracker.run_id, resumable=False)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -419,16 +485,17 @@ def train(
         tracker.close(status)
         if owns_evaluator:
             evaluator.close()
-    write_json(
-        {
-            "run_id": tracker.run_id,
-            "tracking_uri": None if config.no_tracking else tracking_uri,
-            **fingerprints,
-            "updates": config.updates,
-            "final_model": str(final),
-        },
-        run_dir / RESULT_FILE,
-    )
+    if ranks.main:
+        write_json(
+            {
+                "run_id": tracker.run_id,
+                "tracking_uri": None if config.no_tracking else tracking_uri,
+                **fingerprints,
+                "updates": config.updates,
+                "final_model": str(final),
+            },
+            run_dir / RESULT_FILE,
+        )
     return TrainResult(
         run_dir,
         final,

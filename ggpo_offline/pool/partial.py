@@ -1,0 +1,109 @@
+"""Durable progress of a generate-pool run: fsync'ed part files and a progress JSON, so a rerun resumes."""
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ggpo_offline.errors import UserError
+from ggpo_offline.pool.schema import POOL_SCHEMA
+
+PROGRESS_FILE = "progress.json"
+PROGRESS_VERSION = 1
+
+
+def partial_dir(out: Path) -> Path:
+    """``pools/.base.parquet.partial/`` beside ``pools/base.parquet`` (hidden: never read as a pool shard)."""
+    return out.with_name(f".{out.name}.partial")
+
+
+def _fsync_dir(directory: Path) -> None:
+    # A rename is durable only once the directory entry itself is on disk.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, write) -> None:
+    """``write(tmp_path)``, fsync the file, rename it to ``path`` and fsync the folder."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    with tmp.open("rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    """The setting names whose values differ, as ``name (old -> new)``; long values (hashes) by name only."""
+    differing = []
+    for key in sorted(old.keys() | new.keys()):
+        if old.get(key) != new.get(key):
+            values = f"{old.get(key)!r} -> {new.get(key)!r}"
+            differing.append(key if len(values) > 40 else f"{key} ({values})")
+    return differing
+
+
+class PartialRun:
+    """The completed batches of one generate-pool command, kept until its pool is written.
+
+    ``progress.json`` is the record: it names the parts in order with their counters and the command's
+    settings. A part is fsync'ed and renamed into place before the record names it, so after a crash every
+    named part is whole; a part written but not yet named is simply written again.
+    """
+
+    def __init__(self, out: Path, settings: dict, overwrite: bool = False):
+        self.dir = partial_dir(Path(out))
+        self.settings = json.loads(json.dumps(settings))  # as it reads back (tuples become lists)
+        self.parts: list[dict] = []
+        progress = self.dir / PROGRESS_FILE
+        if progress.is_file():
+            try:
+                record = json.loads(progress.read_text())
+                old_settings, parts = record["settings"], record["parts"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise UserError(f"{progress} is unreadable; delete {self.dir} to start over") from None
+            differing = _differences(old_settings, settings)
+            if not differing:
+                self.parts = parts
+            elif overwrite:
+                shutil.rmtree(self.dir)
+            else:
+                raise UserError(
+                    f"{self.dir} holds an interrupted run with other settings "
+                    f"(they differ in {'; '.join(differing)}); rerun that command to resume it, "
+                    f"or pass --overwrite or delete {self.dir} to start over"
+                )
+        elif self.dir.exists() and overwrite:
+            shutil.rmtree(self.dir)  # parts without a record: nothing resumable
+
+    def total(self, key: str) -> float:
+        """A counter summed over the completed parts."""
+        return sum(part[key] for part in self.parts)
+
+    def add_part(self, rows: pa.Table, counters: dict) -> None:
+        """Store one completed batch durably, then record it."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        name = f"part-{len(self.parts):06d}.parquet"
+        _write_durably(self.dir / name, lambda tmp: pq.write_table(rows, tmp, compression="zstd"))
+        self.parts.append({"file": name, "rows": rows.num_rows, **counters})
+        record = {"version": PROGRESS_VERSION, "settings": self.settings, "parts": self.parts}
+        _write_durably(
+            self.dir / PROGRESS_FILE,
+            lambda tmp: tmp.write_text(json.dumps(record, indent=1, sort_keys=True)),
+        )
+
+    def tables(self) -> Iterator[pa.Table]:
+        """The completed parts' rows, in order."""
+        for part in self.parts:
+            yield pq.read_table(self.dir / part["file"], schema=POOL_SCHEMA)
+
+    def remove(self) -> None:
+        """Drop the parts once the pool holding them is in place."""
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,167 @@
+"""torch.distributed for the learner: the process group, each rank's share of a minibatch, DDP / FSDP2
+wrapping, and the reductions that make an N-process update equal the 1-process one."""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ggpo_offline.errors import UserError
+
+# Long enough for rank 0 to score the π0 cache or run an evaluation while the others wait at a barrier.
+COLLECTIVE_TIMEOUT = timedelta(hours=4)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the job; ``world == 1`` is the plain single-process run."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+SINGLE_PROCESS = Ranks()
+
+
+def is_main_process() -> bool:
+    """Rank 0 of a torchrun job, or a plain process (known before the process group starts)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def init_ranks() -> Ranks:
+    """Join the job torchrun started (``WORLD_SIZE``/``RANK``/``LOCAL_RANK``): NCCL on GPUs, gloo on CPU."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return SINGLE_PROCESS
+    ranks = Ranks(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(ranks.local_rank)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+    return ranks
+
+
+def device_of(ranks: Ranks = SINGLE_PROCESS) -> torch.device:
+    """The learner's device: this rank's GPU when there is one."""
+    return torch.device("cuda", ranks.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def check_split(groups_per_batch: int, ranks: Ranks) -> None:
+    if groups_per_batch % ranks.world:
+        raise UserError(
+            f"--groups-per-batch {groups_per_batch} does not split evenly over {ranks.world} processes; "
+            "choose G divisible by the number of processes"
+        )
+
+
+def rank_groups(group_ids: list[int], ranks: Ranks) -> list[int]:
+    """This rank's contiguous block of a minibatch's groups: groups never straddle ranks, and every rank
+    gets the same number (so all ranks run the same number of collectives)."""
+    share = len(group_ids) // ranks.world
+    return group_ids[ranks.rank * share : (ranks.rank + 1) * share]
+
+
+def barrier(ranks: Ranks) -> None:
+    if ranks.distributed:
+        dist.barrier()
+
+
+def all_sum(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """Σ over ranks (a copy; the input is left alone)."""
+    value = value.detach().clone()
+    if ranks.distributed:
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
+def all_cat(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """Every rank's equally sized tensor, concatenated in rank order along dim 0."""
+    value = value.detach().contiguous()
+    if not ranks.distributed:
+        return value
+    parts = [torch.empty_like(value) for _ in range(ranks.world)]
+    dist.all_gather(parts, value)
+    return torch.cat(parts)
+
+
+def wrap(module: torch.nn.Module, ranks: Ranks, fsdp: bool) -> torch.nn.Module:
+    """DDP (gloo or NCCL) or, with ``fsdp``, FSDP2 ``fully_shard`` per decoder layer and at the root; bf16
+    compute with fp32 master weights and fp32 gradient reduction on GPU. One process: unchanged."""
+    if not ranks.distributed:
+        return module
+    if not fsdp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [ranks.local_rank] if torch.cuda.is_available() else None
+        # Buffers (rotary tables) are constants: no need to broadcast them at every forward.
+        return DistributedDataParallel(module, device_ids=device_ids, forward_sync_buffers=False)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if torch.cuda.is_available()
+        else MixedPrecisionPolicy()
+    )
+    for layer in module.model.get_decoder().layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(module, mp_policy=policy)
+    return module
+
+
+def _is_fsdp(module: torch.nn.Module) -> bool:
+    return hasattr(module, "set_requires_gradient_sync")
+
+
+@contextmanager
+def gradient_sync(module: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    """Backward passes inside reduce gradients across ranks (``enabled``) or only accumulate them locally
+    (every micro-batch but a minibatch's last)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(module, DistributedDataParallel) and not enabled:
+        with module.no_sync():
+            yield
+    elif _is_fsdp(module) and not enabled:
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """FSDP2: the unsharded weights, on CPU, keyed as in the unwrapped model (a collective: every rank
+    calls it, rank 0 receives them). Otherwise None: the unwrapped model's own weights are complete."""
+    if not _is_fsdp(module):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # Gathered copies no longer share memory: keep one name per tied parameter (the embedding, not the
+    # head), as save_pretrained would from the model itself.
+    first_name: dict[int, str] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        first_name.setdefault(id(parameter), name)
+    kept = set(first_name.values()) | {name for name, _ in module.named_buffers()}
+    return {key.removeprefix("model."): value for key, value in weights.items() if key in kept}
+
+
+def scalar(value: torch.Tensor) -> float:
+    """A Python float from a plain tensor or a DTensor (FSDP2's gradient norm)."""
+    return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
