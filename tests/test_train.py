@@ -5,6 +5,7 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -219,6 +220,17 @@ def test_training_errors_are_one_clear_line(vllm_pool, tmp_path):
     with pytest.raises(UserError, match="different tokenizer.*--allow-tokenizer-mismatch"):
         train(replace(config, pool=other, out=tmp_path / "tok"))
     train(replace(config, pool=other, out=tmp_path / "tok", allow_tokenizer_mismatch=True))
+
+    responses = table.column("response_token_ids").to_pylist()
+    foreign = table.set_column(
+        table.schema.get_field_index("response_token_ids"),
+        table.schema.field("response_token_ids"),
+        pa.array([[999_999, *ids[1:]] for ids in responses], table.schema.field("response_token_ids").type),
+    )
+    original = {METADATA_KEY: pq.read_metadata(vllm_pool).metadata[METADATA_KEY]}
+    pq.write_table(foreign.replace_schema_metadata(original), tmp_path / "foreign.parquet")
+    with pytest.raises(UserError, match=r"group \d+ holds token id 999999, outside the model's vocabulary"):
+        train(replace(config, pool=tmp_path / "foreign.parquet", out=tmp_path / "foreign"))
 
     broken = write_synthetic_pool(tmp_path / "broken.parquet", rows=synthetic_rows(3, 4)[:-1], m=4)
     with pytest.raises(UserError, match="group 2 has 3 rows"):

@@ -5,6 +5,7 @@ from contextlib import nullcontext
 import torch
 
 from ggpo_offline.diagnostics import token_entropy
+from ggpo_offline.errors import UserError
 from ggpo_offline.train.batch import Minibatch
 
 FORWARD_TOKENS = 4096
@@ -67,6 +68,7 @@ def response_logprobs(
         getattr(model.config, key, None) for key in LOGIT_POSTPROCESSING
     ):
         return full_vocab_logprobs(model, batch, with_entropy)
+    _check_vocabulary(model, batch)
     device = next(model.parameters()).device
     lengths = batch.attention_mask.sum(dim=1)
     states, token_rows, token_cols = [], [], []
@@ -92,6 +94,18 @@ def response_logprobs(
     if not with_entropy:
         return logp, None
     return logp, torch.zeros(shape, device=device).index_put(index, entropy_flat)
+
+
+def _check_vocabulary(model: torch.nn.Module, batch: Minibatch) -> None:
+    """A token id without an embedding row would crash deep in the model (on a GPU, asynchronously)."""
+    vocabulary = model.get_input_embeddings().num_embeddings
+    largest = int(batch.input_ids.max())
+    if largest >= vocabulary:
+        row = int((batch.input_ids >= vocabulary).any(dim=1).nonzero()[0])
+        raise UserError(
+            f"group {batch.group_ids[row // batch.group_size]} holds token id {largest}, outside the model's "
+            f"vocabulary of {vocabulary}; the pool was not made with this model's tokenizer"
+        )
 
 
 class ResponseLogprobs(torch.nn.Module):
