@@ -80,22 +80,31 @@ def barrier(ranks: Ranks) -> None:
         dist.barrier()
 
 
+def _on_backend_device(value: torch.Tensor) -> torch.Tensor:
+    """NCCL reduces CUDA tensors only; gloo takes CPU ones."""
+    if dist.get_backend() == "nccl":
+        return value.to(torch.device("cuda", torch.cuda.current_device()))
+    return value.cpu()
+
+
 def all_sum(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
-    """Σ over ranks (a copy; the input is left alone)."""
-    value = value.detach().clone()
-    if ranks.distributed:
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    return value
+    """Σ over ranks, on the input's device (a copy; the input is left alone)."""
+    if not ranks.distributed:
+        return value.detach().clone()
+    total = _on_backend_device(value.detach()).clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total.to(value.device)
 
 
 def all_cat(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
-    """Every rank's equally sized tensor, concatenated in rank order along dim 0."""
+    """Every rank's equally sized tensor, concatenated in rank order along dim 0, on the input's device."""
     value = value.detach().contiguous()
     if not ranks.distributed:
         return value
-    parts = [torch.empty_like(value) for _ in range(ranks.world)]
-    dist.all_gather(parts, value)
-    return torch.cat(parts)
+    local = _on_backend_device(value)
+    parts = [torch.empty_like(local) for _ in range(ranks.world)]
+    dist.all_gather(parts, local)
+    return torch.cat(parts).to(value.device)
 
 
 def wrap(module: torch.nn.Module, ranks: Ranks, fsdp: bool) -> torch.nn.Module:
