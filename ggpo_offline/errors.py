@@ -9,8 +9,8 @@ class UserError(Exception):
     """A problem with the user's input or environment, reported as one line without a traceback."""
 
 
-def one_line(exc: BaseException, limit: int = 300) -> str:
-    """An exception's message on one line (pyarrow's can span several), cut to ``limit`` characters."""
+def one_line(exc: BaseException | str, limit: int = 300) -> str:
+    """An exception's or a message's text on one line (pyarrow's span several), cut to ``limit`` chars."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
