@@ -1,5 +1,6 @@
 """The `ggpo` command: parses flags, calls one library function, prints results or one error line."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -411,7 +412,7 @@ def compare(
 def build_tiny_model(
     out: Path = typer.Option(..., help="Folder to write the model into."),
     seed: int = typer.Option(0, help="Training seed."),
-    steps: int = typer.Option(2200, help="Optimizer steps."),
+    steps: int = typer.Option(2000, help="Optimizer steps."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Write into an existing non-empty folder."),
 ) -> None:
     """Rebuild the embedded tiny model from its recipe (tokenizer, task, supervised pretraining)."""
@@ -423,6 +424,28 @@ def build_tiny_model(
     print(
         f"wrote {out}: " + ", ".join(f"{k}={v}" for k, v in stats.items() if not isinstance(v, (list, dict)))
     )
+
+
+@app.command("measure-styles")
+def measure_styles(
+    model: Path = typer.Option(None, help="Model folder [default: the embedded tiny model]."),
+    num_problems: int = typer.Option(256, help="Arith test problems."),
+    n: int = typer.Option(8, help="Responses per problem."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    forced: bool = typer.Option(True, "--forced/--no-forced", help="Also sample with each style forced."),
+    json_out: Path = typer.Option(None, "--json", help="Also write the full report (per level) here."),
+) -> None:
+    """Each style's share and accuracy in the model's samples, and its accuracy when forced (the ceiling)."""
+    from ggpo_offline.tiny import measure_styles as measure
+    from ggpo_offline.tiny import tiny_model_dir
+
+    model_dir = model if model is not None else tiny_model_dir()
+    if not (model_dir / "config.json").is_file():
+        raise UserError(f"--model {model_dir}: not a model folder (no config.json)")
+    report = measure(model_dir, n_problems=num_problems, m=n, seed=seed, forced=forced)
+    render.print_style_report(report)
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def main(args: list[str] | None = None) -> None:

@@ -237,3 +237,25 @@ def print_compare_result(result) -> None:
     )
     if result.parent_run_id is not None:
         stdout.print(f"MLflow parent run: {result.parent_run_id}")
+
+
+def print_style_report(report: dict) -> None:
+    """The `measure-styles` table: each style's share and accuracy (free sampling) and its forced accuracy."""
+    table = Table(title=f"{report['model']}: {report['n_problems']} arith test problems, n={report['m']}")
+    table.add_column("style")
+    table.add_column("share %", justify="right")
+    table.add_column("accuracy %", justify="right")
+    table.add_column("forced accuracy %", justify="right")
+    for name, scores in report["styles"].items():
+        accuracy = "-" if scores["accuracy"] is None else f"{100 * scores['accuracy']:.1f}"
+        forced = report["forced"].get(name)
+        table.add_row(
+            name, f"{100 * scores['share']:.1f}", accuracy, "-" if forced is None else f"{100 * forced:.1f}"
+        )
+    table.add_row("all", "100.0", f"{100 * report['accuracy']:.1f}", "", end_section=True)
+    stdout.print(table)
+    m = report["m"]
+    line = f"mean@{m} {100 * report['accuracy']:.2f} %, pass@{m} {100 * report['pass_at_m']:.2f} %"
+    if report["forced"]:
+        line += f", ceiling (best style forced) {100 * max(report['forced'].values()):.2f} %"
+    stdout.print(line)

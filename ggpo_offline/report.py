@@ -130,16 +130,20 @@ def accuracy_table(records: list[RunRecord], methods: list[str], scope: str) -> 
 
 
 def pass_at_k_table(records: list[RunRecord], methods: list[str], scope: str) -> dict[str, dict[str, Cell]]:
-    """mean@n and pass@k at the final update per method (and the initial model as "base"): Table 3's shape."""
+    """mean@n and pass@k at the final update per method (and the initial model as "base"): Table 3's shape,
+    plus each run's gain in mean@n over its own update 0 (its seed's base model)."""
     final = max(records[0].evals)
     ks = records[0].evals[final]["ks"]
     keys = ["mean@n"] + [f"pass@{k}" for k in ks]
-    rows = {"base": [r.evals[0] for r in records if r.method == methods[0]]}
-    rows |= {method: [r.evals[final] for r in records if r.method == method] for method in methods}
-    return {
-        name: {key: Cell(tuple(_score(report, scope, key) for report in reports)) for key in keys}
-        for name, reports in rows.items()
-    }
+    rows = {"base": [r for r in records if r.method == methods[0]]}
+    rows |= {method: [r for r in records if r.method == method] for method in methods}
+    table = {}
+    for name, runs in rows.items():
+        update = 0 if name == "base" else final
+        table[name] = {key: Cell(tuple(_score(r.evals[update], scope, key) for r in runs)) for key in keys}
+        gains = (_score(r.evals[update], scope, "mean@n") - _score(r.evals[0], scope, "mean@n") for r in runs)
+        table[name]["gain"] = Cell(tuple(gains))
+    return table
 
 
 def _display(method: str) -> str:
@@ -166,9 +170,10 @@ def write_tables(records: list[RunRecord], methods: list[str], seeds: list[int],
         markdown.append("")
         table = pass_at_k_table(records, methods, scope)
         keys = list(next(iter(table.values())))
-        headers = [f"mean@{n}" if key == "mean@n" else key for key in keys]
+        headers = [{"mean@n": f"mean@{n}", "gain": f"gain in mean@{n}"}.get(key, key) for key in keys]
         markdown += [
-            f"### Final pass@k (%) on {what} at update {final} (base model: update 0)",
+            f"### Final pass@k (%) on {what} at update {final} (base model: update 0; gain: points of"
+            f" mean@{n} over the base model)",
             "",
             "| method | " + " | ".join(headers) + " |",
             "|---|" + "---:|" * len(keys),

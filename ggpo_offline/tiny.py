@@ -4,7 +4,7 @@ import json
 import logging
 import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -18,9 +18,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from ggpo_offline.arith import arith_items
+from ggpo_offline.arith import ArithItem, arith_items
 from ggpo_offline.prompts import encode_prompt, format_prompt
 from ggpo_offline.rewards import last_boxed_content as last_boxed  # the pool's extraction rule
+from ggpo_offline.styles import STYLES, style_of
 
 logger = logging.getLogger(__name__)
 
@@ -83,15 +84,22 @@ def _prompt_ids(tokenizer, question: str) -> list[int]:
     return encode_prompt(tokenizer, format_prompt(tokenizer, question, "plain"), "plain")
 
 
-def _training_examples(tokenizer, n_train: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    """(input ids, labels) pairs: prompt + solution + <eos>, with the loss on the completion only."""
+def _training_examples(tokenizer, n_train: int, seed: int) -> tuple[list[list[tuple]], list[float]]:
+    """Per problem, one (input ids, labels) pair per style (in ``STYLES`` order): prompt + response + <eos>,
+    with the loss on the response only; and each problem's sampling weight, 1 / (its level's problem count),
+    so every level gets the same share of training rows, as every level gets the same share of test draws."""
+    items = arith_items("train", n_train, seed)
+    level_counts = Counter(item.level for item in items)
     examples = []
-    for item in arith_items("train", n_train, seed):
+    for item in items:
         prompt = _prompt_ids(tokenizer, item.question)
-        solution = tokenizer(item.solution, add_special_tokens=False)["input_ids"]
-        completion = solution + [tokenizer.eos_token_id]
-        examples.append((prompt + completion, [IGNORE_INDEX] * len(prompt) + completion))
-    return examples
+        per_style = []
+        for style in STYLES:
+            completion = tokenizer(style.render(item), add_special_tokens=False)["input_ids"]
+            completion = completion + [tokenizer.eos_token_id]
+            per_style.append((prompt + completion, [IGNORE_INDEX] * len(prompt) + completion))
+        examples.append(per_style)
+    return examples, [1.0 / level_counts[item.level] for item in items]
 
 
 def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -127,7 +135,8 @@ def _save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
 
 def _train(
     model: Qwen3ForCausalLM,
-    examples: list[tuple[list[int], list[int]]],
+    examples: list[list[tuple[list[int], list[int]]]],
+    weights: list[float],
     pad_id: int,
     seed: int,
     steps: int,
@@ -136,7 +145,8 @@ def _train(
     warmup_steps: int,
     log_every: int,
 ) -> dict:
-    """The supervised loop: AdamW, warmup + cosine, batches drawn with replacement."""
+    """The supervised loop: AdamW, warmup + cosine; problems drawn with replacement by ``weights``, each in a
+    style drawn with the styles' shares."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -144,11 +154,16 @@ def _train(
     )
     # A dedicated generator: the batch order depends on the seed only, not on model-init draws.
     batch_generator = torch.Generator().manual_seed(seed)
+    shares = torch.tensor([style.share for style in STYLES], dtype=torch.float64)
+    problem_weights = torch.tensor(weights, dtype=torch.float64)
     started = time.monotonic()
     losses: list[float] = []
     for step in range(steps):
-        indices = torch.randint(len(examples), (batch_size,), generator=batch_generator).tolist()
-        loss = model(**_collate([examples[i] for i in indices], pad_id)).loss
+        indices = torch.multinomial(problem_weights, batch_size, replacement=True, generator=batch_generator)
+        indices = indices.tolist()
+        styles = torch.multinomial(shares, batch_size, replacement=True, generator=batch_generator).tolist()
+        batch = [examples[i][style] for i, style in zip(indices, styles, strict=True)]
+        loss = model(**_collate(batch, pad_id)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -169,23 +184,24 @@ def _train(
 def build_tiny_model(
     out_dir: Path,
     seed: int = 0,
-    steps: int = 2200,
-    n_train: int = 4000,
-    batch_size: int = 16,
+    steps: int = 2000,
+    n_train: int = 8000,
+    batch_size: int = 32,
     learning_rate: float = 3e-3,
     warmup_steps: int = 100,
-    num_threads: int | None = 1,
+    num_threads: int | None = 2,
     log_every: int = 100,
 ) -> dict:
-    """Pretrain the tiny model on worked arith solutions and save it (tokenizer, model, generation config).
+    """Pretrain the tiny model on arith solutions in a mixture of styles (``STYLES``) and save it
+    (tokenizer, model, generation config).
 
     Returns training statistics. The budget is in steps, so the result does not depend on machine speed.
-    One thread by default: the shipped weights were built that way, and float reductions can differ with
-    the thread count; at this size more threads barely help anyway. None keeps torch's setting.
+    Two threads by default: the shipped weights were built that way, and float reductions can differ with
+    the thread count. None keeps torch's setting.
     """
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
-    examples = _training_examples(tokenizer, n_train, seed)
+    examples, weights = _training_examples(tokenizer, n_train, seed)
     previous_threads = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
@@ -195,6 +211,7 @@ def build_tiny_model(
         stats = _train(
             model,
             examples,
+            weights,
             pad_id=tokenizer.pad_token_id,
             seed=seed,
             steps=steps,
@@ -226,31 +243,28 @@ def build_tiny_model(
 
 
 @torch.no_grad()
-def evaluate_sampled_accuracy(
+def sample_responses(
     model_dir: Path,
-    n_problems: int = 200,
-    m: int = 8,
+    items: list[ArithItem],
+    m: int,
     seed: int = 0,
     temperature: float = 1.0,
     max_new_tokens: int = 96,
-    problem_seed: int = 0,
-) -> dict:
-    """Sample ``m`` responses per arith test problem and score the last boxed answer against the gold one.
-
-    Reports overall and per-level accuracy and the share of prompts whose group is mixed (some right, some
-    wrong): only mixed groups give a group-relative policy gradient any signal.
-    """
+    prefix: str = "",
+) -> list[list[str]]:
+    """``m`` sampled responses per problem (hf ``generate``); a ``prefix`` is forced as their first characters
+    and is part of each returned response."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     model.eval()
     torch.manual_seed(seed)
-    items = arith_items("test", n_problems, problem_seed)
+    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
     # Same-length prompts batch together without padding, so no left-padding subtleties arise.
     by_length: dict[int, list[int]] = defaultdict(list)
-    prompts = [_prompt_ids(tokenizer, item.question) for item in items]
+    prompts = [_prompt_ids(tokenizer, item.question) + prefix_ids for item in items]
     for index, ids in enumerate(prompts):
         by_length[len(ids)].append(index)
-    correct_counts = [0] * len(items)
+    responses: list[list[str]] = [[] for _ in items]
     for length in sorted(by_length):
         indices = by_length[length]
         input_ids = torch.tensor([prompts[i] for i in indices for _ in range(m)])
@@ -267,8 +281,27 @@ def evaluate_sampled_accuracy(
         )
         texts = tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)
         for row, text in enumerate(texts):
-            item_index = indices[row // m]
-            correct_counts[item_index] += last_boxed(text) == items[item_index].answer
+            responses[indices[row // m]].append(prefix + text)
+    return responses
+
+
+def evaluate_sampled_accuracy(
+    model_dir: Path,
+    n_problems: int = 200,
+    m: int = 8,
+    seed: int = 0,
+    temperature: float = 1.0,
+    max_new_tokens: int = 96,
+    problem_seed: int = 0,
+) -> dict:
+    """Sample ``m`` responses per arith test problem and score the last boxed answer against the gold one.
+
+    Reports overall and per-level accuracy and the share of prompts whose group is mixed (some right, some
+    wrong): only mixed groups give a group-relative policy gradient any signal.
+    """
+    items = arith_items("test", n_problems, problem_seed)
+    responses = sample_responses(model_dir, items, m, seed, temperature, max_new_tokens)
+    correct_counts = [_correct_count(item, texts) for item, texts in zip(items, responses, strict=True)]
     per_level: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     for item, count in zip(items, correct_counts, strict=True):
         per_level[item.level][0] += count
@@ -280,9 +313,75 @@ def evaluate_sampled_accuracy(
         "problem_seed": problem_seed,
         "temperature": temperature,
         "accuracy": sum(correct_counts) / (m * len(items)),
+        "pass_at_m": sum(count > 0 for count in correct_counts) / len(items),
         "accuracy_by_level": {level: right / total for level, (right, total) in sorted(per_level.items())},
         "problems_by_level": {level: total // m for level, (_, total) in sorted(per_level.items())},
         "mixed_fraction": sum(0 < count < m for count in correct_counts) / len(items),
         "all_correct_fraction": sum(count == m for count in correct_counts) / len(items),
         "all_wrong_fraction": sum(count == 0 for count in correct_counts) / len(items),
+    }
+
+
+def measure_styles(
+    model_dir: Path,
+    n_problems: int = 256,
+    m: int = 8,
+    seed: int = 0,
+    max_new_tokens: int = 96,
+    problem_seed: int = 0,
+    forced: bool = True,
+) -> dict:
+    """Each style's share of the samples and its accuracy, and (``forced``) each style's accuracy when forced.
+
+    Free sampling (temperature 1) on ``n_problems`` arith test problems gives mean@m, pass@m and, per style
+    (told by a response's first character), its share and accuracy, overall and per level. Forcing a style's
+    marker as the first characters and sampling the rest gives its accuracy alone: forcing the best style
+    measures the ceiling that selection among the model's own behaviours can reach.
+    """
+    items = arith_items("test", n_problems, problem_seed)
+    free = sample_responses(model_dir, items, m, seed, max_new_tokens=max_new_tokens)
+    scores = _style_scores(items, free)
+    forced_accuracy = {}
+    for style in STYLES if forced else ():
+        responses = sample_responses(
+            model_dir, items, m, seed, max_new_tokens=max_new_tokens, prefix=style.marker
+        )
+        forced_accuracy[style.name] = _style_scores(items, responses)["accuracy"]
+    settings = {"model": str(model_dir), "n_problems": len(items), "m": m, "seed": seed}
+    return {**settings, **scores, "forced": forced_accuracy}
+
+
+def _correct_count(item: ArithItem, responses: list[str]) -> int:
+    """How many responses' last boxed answer is the gold answer."""
+    return sum(last_boxed(text) == item.answer for text in responses)
+
+
+def _style_scores(items: list[ArithItem], responses: list[list[str]]) -> dict:
+    """Accuracy, pass@m, and per style (and per level) its share and accuracy."""
+    tally: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])  # (style, level) -> [right, total]
+    for item, texts in zip(items, responses, strict=True):
+        for text in texts:
+            right = last_boxed(text) == item.answer
+            for key in ((style_of(text), item.level), (style_of(text), 0), ("all", item.level), ("all", 0)):
+                tally[key][0] += right
+                tally[key][1] += 1
+    total = tally[("all", 0)][1]
+    solved = sum(_correct_count(item, texts) > 0 for item, texts in zip(items, responses, strict=True))
+
+    def share_and_accuracy(style: str, level: int) -> dict:
+        right, count = tally[(style, level)]
+        level_total = tally[("all", level)][1]
+        return {"share": count / level_total, "accuracy": right / count if count else None}
+
+    names = [style.name for style in STYLES] + (["other"] if ("other", 0) in tally else [])
+    levels = sorted(level for _, level in tally if level)
+    return {
+        "accuracy": tally[("all", 0)][0] / total,
+        "pass_at_m": solved / len(items),
+        "styles": {name: share_and_accuracy(name, 0) for name in names},
+        "by_level": {
+            level: {"accuracy": tally[("all", level)][0] / tally[("all", level)][1]}
+            | {name: share_and_accuracy(name, level) for name in names}
+            for level in levels
+        },
     }

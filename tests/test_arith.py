@@ -5,7 +5,15 @@ import re
 
 import pytest
 
-from ggpo_offline.arith import LEVELS, arith_items, arith_problems, level_items, level_size, split_of
+from ggpo_offline.arith import (
+    LEVELS,
+    MAX_VALUE,
+    arith_items,
+    arith_problems,
+    level_items,
+    level_size,
+    split_of,
+)
 from ggpo_offline.problems import Problem
 
 
@@ -102,7 +110,15 @@ def test_problems_have_stable_ids_and_sources():
 
 
 def test_known_example():
-    question = "What is (3 + 4) * 5 - 2?"
-    item = next(item for item in level_items(5, split_of(question)) if item.question == question)
-    assert item.solution == "(3 + 4) * 5 - 2 = 7 * 5 - 2 = 35 - 2 = 33. \\boxed{33}"
-    assert (item.answer, item.level) == ("33", 5)
+    question = "What is 9 - (3 + 4)?"
+    item = next(item for item in level_items(4, split_of(question)) if item.question == question)
+    assert item.solution == "9 - (3 + 4) = 9 - 7 = 2. \\boxed{2}"
+    assert (item.answer, item.level) == ("2", 4)
+
+
+def test_operands_are_digits_operations_plus_or_minus_and_values_small():
+    for level in LEVELS:
+        for item in level_items(level, "test"):
+            assert all(len(number) == 1 for number in re.findall(r"\d+", item.question)), item.question
+            assert "*" not in item.question
+            assert all(0 <= int(number) <= MAX_VALUE for number in re.findall(r"\d+", item.solution))

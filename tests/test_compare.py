@@ -64,7 +64,10 @@ def test_tables_report_mean_and_sample_std_over_seeds(tmp_path):
     assert f"| 8 | 35.00 ± {grpo_std:.2f} | 51.00 ± 1.41 |" in markdown
     assert "| 0 | 25.00 ± 0.00 | 25.00 ± 0.00 |" in markdown
     assert f"| GRPO | 35.00 ± {grpo_std:.2f} | 35.00 ± {grpo_std:.2f} | 65.00 ± {grpo_std:.2f} |" in markdown
-    assert "| base model | 25.00 ± 0.00 | 25.00 ± 0.00 | 50.00 ± 0.00 |" in markdown
+    assert "| base model | 25.00 ± 0.00 | 25.00 ± 0.00 | 50.00 ± 0.00 | 0.00 ± 0.00 |" in markdown
+    # gain: each run's final mean@n minus its own update 0
+    assert f"| 65.00 ± {grpo_std:.2f} | 10.00 ± {grpo_std:.2f} |" in markdown
+    assert "| GGPO | 51.00 ± 1.41 | 51.00 ± 1.41 | 85.00 ± 7.07 | 26.00 ± 1.41 |" in markdown
     with (tmp_path / "table.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     row = next(

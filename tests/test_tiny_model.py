@@ -4,13 +4,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ggpo_offline.arith import arith_items
+from ggpo_offline.arith import ArithItem, arith_items
 from ggpo_offline.prompts import encode_prompt, format_prompt, resolve_template
+from ggpo_offline.styles import BEST_STYLE, STYLE_BY_NAME, STYLES, style_of
 from ggpo_offline.tiny import (
+    _style_scores,
     build_tiny_model,
     build_tokenizer,
     evaluate_sampled_accuracy,
     last_boxed,
+    measure_styles,
     tiny_model_dir,
 )
 
@@ -93,3 +96,45 @@ def test_build_and_evaluate_smoke(tmp_path):
     result = evaluate_sampled_accuracy(tmp_path, n_problems=3, m=2, max_new_tokens=4)
     assert result["n_problems"] == 3 and 0.0 <= result["accuracy"] <= 1.0
     assert 0.0 <= result["mixed_fraction"] <= 1.0
+
+
+ITEM = ArithItem("What is 9 - (3 + 4)?", "9 - (3 + 4) = 9 - 7 = 2. \\boxed{2}", "2", 4)
+
+
+def test_each_style_renders_and_is_told_apart_by_its_first_character():
+    rendered = {style.name: style.render(ITEM) for style in STYLES}
+    assert rendered == {
+        "careful": "Careful: 9 - (3 + 4) = 9 - 7 = 2. \\boxed{2}",
+        "quick": "Quick: \\boxed{16}",  # 9 + 3 + 4: the shortcut adds every number it sees
+        "draft": "Draft: 9 - (3 + 4) = 9 - 7 = 2, so 2.",
+    }
+    assert all(style_of(text) == name for name, text in rendered.items())
+    assert [last_boxed(text) for text in rendered.values()] == ["2", "16", None]  # a draft never scores
+    plus_only = ArithItem("What is 1 + 2 + 3?", "1 + 2 + 3 = 3 + 3 = 6. \\boxed{6}", "6", 2)
+    assert STYLE_BY_NAME["quick"].render(plus_only) == "Quick: \\boxed{6}"  # right when all are additions
+    assert len({style.marker[0] for style in STYLES}) == len(STYLES)
+    assert style_of("7") == style_of("") == "other"
+    assert abs(sum(style.share for style in STYLES) - 1) < 1e-12 and BEST_STYLE in STYLE_BY_NAME
+
+
+def test_style_scores_count_shares_and_accuracy_per_style_and_level():
+    other = ArithItem("What is 1 + 1?", "1 + 1 = 2. \\boxed{2}", "2", 1)
+    responses = [
+        ["Careful: x \\boxed{2}", "Quick: \\boxed{16}", "Quick: \\boxed{2}", "Draft: 2"],
+        ["Careful: \\boxed{2}", "Careful: \\boxed{3}", "Quick: \\boxed{2}", "9"],
+    ]
+    scores = _style_scores([ITEM, other], responses)
+    assert scores["accuracy"] == 4 / 8 and scores["pass_at_m"] == 1.0
+    assert scores["styles"]["careful"] == {"share": 3 / 8, "accuracy": 2 / 3}
+    assert scores["styles"]["quick"] == {"share": 3 / 8, "accuracy": 2 / 3}
+    assert scores["styles"]["draft"] == {"share": 1 / 8, "accuracy": 0.0}
+    assert scores["styles"]["other"] == {"share": 1 / 8, "accuracy": 0.0}
+    assert scores["by_level"][1]["careful"] == {"share": 2 / 4, "accuracy": 1 / 2}
+    assert scores["by_level"][4]["accuracy"] == 2 / 4
+
+
+def test_forcing_a_marker_forces_the_style():
+    report = measure_styles(tiny_model_dir(), n_problems=4, m=2, max_new_tokens=8)
+    assert set(report["forced"]) == {style.name for style in STYLES}
+    assert abs(sum(scores["share"] for scores in report["styles"].values()) - 1) < 1e-9
+    assert 0.0 <= report["accuracy"] <= report["pass_at_m"] <= 1.0
