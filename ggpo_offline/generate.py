@@ -31,7 +31,7 @@ from ggpo_offline.rollout import (
 )
 
 DEFAULT_POOL = Path("pools/base.parquet")
-DEFAULT_ARITH_PROMPTS = 2000
+DEFAULT_ARITH_PROMPTS = 1000
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class GenerateConfig:
     answer_key: str | None = None
     solution_key: str | None = None
     num_prompts: int | None = None
-    """How many prompts (files: the first N rows; arith: N drawn problems, default 2000). None = all."""
+    """How many prompts (files: the first N rows; arith: N drawn problems, default 1000). None = all."""
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     engine: str = "vllm"
     dtype: str = "auto"
