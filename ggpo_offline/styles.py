@@ -23,7 +23,7 @@ class Style:
         if self.name == "careful":
             return f"{self.marker}{chain}. \\boxed{{{item.answer}}}"
         if self.name == "draft":
-            return f"{self.marker}the value is {item.answer}."
+            return f"{self.marker}{chain}, so {item.answer}."
         return f"{self.marker}\\boxed{{{sum_of_numbers(item.question)}}}"
 
 
@@ -34,15 +34,12 @@ def sum_of_numbers(question: str) -> int:
 
 # A base model mixes strategies: one that is almost always right (reduce one operation at a time, box the
 # value), a shortcut that skips the work (add up every number at once: right only when every operation is
-# an addition) and one that states the value without a box (a format failure: reward 0). RL on a pool of
-# such samples can only select; the best it can reach is the careful style alone (the ceiling). The draft
-# shares no working with the careful style on purpose: when it wrote the same chain unboxed, every learner
-# pushed those (correct) steps down with the draft and the careful style's accuracy fell from 83% to ~44%
-# within 20-40 updates (measured on that build), so selection could not show.
+# an addition) and one that does the work but never boxes the answer (a format failure: reward 0). RL on a
+# pool of such samples can only select; the best it can reach is the careful style alone (the ceiling).
 STYLES: tuple[Style, ...] = (
-    Style("careful", "Careful: ", 0.40, "reduces one operation at a time, then boxes the value"),
+    Style("careful", "Careful: ", 0.25, "reduces one operation at a time, then boxes the value"),
     Style("quick", "Quick: ", 0.35, "boxes the sum of every number in the question, without working"),
-    Style("draft", "Draft: ", 0.25, "states the value at once, unboxed"),
+    Style("draft", "Draft: ", 0.40, "reduces one operation at a time but leaves the value unboxed"),
 )
 BEST_STYLE = "careful"
 STYLE_BY_NAME = {style.name: style for style in STYLES}

@@ -1,5 +1,5 @@
-"""Learners learn: a few updates on a pool of the embedded model favour correct responses on held-out groups,
-and a learner whose loss is flipped or whose gradient is zeroed fails the same check."""
+"""Learners learn: a few updates on a pool of the embedded model favour the behaviours of correct responses on
+held-out groups, and a learner whose loss is flipped or whose gradient is zeroed fails the same check."""
 
 import functools
 from dataclasses import replace
@@ -17,7 +17,7 @@ from ggpo_offline.train.trainer import train
 
 UPDATES, GROUPS = 6, 4
 # The tiny preset's learning rate and anchors: the check is that the demo's own settings learn.
-MIN_GAIN = 1.0  # nats of sequence log-prob, correct minus incorrect, averaged over held-out groups
+MIN_GAIN = 0.05  # nats of first-token log-prob, correct minus incorrect, averaged over held-out groups
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +46,15 @@ def _held_out_groups(pool) -> list[int]:
 
 @torch.no_grad()
 def correct_minus_incorrect(model_dir, pool, group_ids: list[int]) -> float:
-    """Mean over groups of (mean sequence log-prob of its correct responses - that of its incorrect ones)."""
+    """Mean over groups of (mean log-prob of its correct responses' first token - that of its incorrect ones).
+
+    The first token is where the embedded model picks its behaviour. Whole-sequence log-probs are no use
+    here: correct responses are mostly long careful chains, so any update that sharpens the model widens
+    their gap, whatever its sign (measured: a sign-flipped GGPO widened it more than the real one)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     batch = MinibatchReader(pool, index_pool(pool), pad_id=0).read(group_ids)
     logp, _ = response_logprobs(model, batch)
-    sequence = (logp * batch.mask).sum(dim=1).reshape(-1, batch.group_size)
+    sequence = logp[:, 0].reshape(-1, batch.group_size)
     correct = batch.rewards.reshape(-1, batch.group_size) > 0
     gaps = [row[right].mean() - row[~right].mean() for row, right in zip(sequence, correct, strict=True)]
     return float(torch.stack(gaps).mean())

@@ -106,7 +106,7 @@ def test_each_style_renders_and_is_told_apart_by_its_first_character():
     assert rendered == {
         "careful": "Careful: 9 - (3 + 4) = 9 - 7 = 2. \\boxed{2}",
         "quick": "Quick: \\boxed{16}",  # 9 + 3 + 4: the shortcut adds every number it sees
-        "draft": "Draft: the value is 2.",
+        "draft": "Draft: 9 - (3 + 4) = 9 - 7 = 2, so 2.",
     }
     assert all(style_of(text) == name for name, text in rendered.items())
     assert [last_boxed(text) for text in rendered.values()] == ["2", "16", None]  # a draft never scores
@@ -120,7 +120,7 @@ def test_each_style_renders_and_is_told_apart_by_its_first_character():
 def test_style_scores_count_shares_and_accuracy_per_style_and_level():
     other = ArithItem("What is 1 + 1?", "1 + 1 = 2. \\boxed{2}", "2", 1)
     responses = [
-        ["Careful: x \\boxed{2}", "Quick: \\boxed{16}", "Quick: \\boxed{2}", "Draft: the value is 2."],
+        ["Careful: x \\boxed{2}", "Quick: \\boxed{16}", "Quick: \\boxed{2}", "Draft: 2"],
         ["Careful: \\boxed{2}", "Careful: \\boxed{3}", "Quick: \\boxed{2}", "9"],
     ]
     scores = _style_scores([ITEM, other], responses)
