@@ -436,8 +436,8 @@ def measure_styles(
     json_out: Path = typer.Option(None, "--json", help="Also write the full report (per level) here."),
 ) -> None:
     """Each style's share and accuracy in the model's samples, and its accuracy when forced (the ceiling)."""
+    from ggpo_offline.model_io import tiny_model_dir
     from ggpo_offline.tiny import measure_styles as measure
-    from ggpo_offline.tiny import tiny_model_dir
 
     model_dir = model if model is not None else tiny_model_dir()
     if not (model_dir / "config.json").is_file():

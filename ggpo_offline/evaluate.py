@@ -12,7 +12,13 @@ from ggpo_offline import __version__
 from ggpo_offline.datasets import load_dataset
 from ggpo_offline.engines import Engine, SamplingSettings, load_engine
 from ggpo_offline.errors import UserError, writing
-from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_sha256, weights_sha256
+from ggpo_offline.model_io import (
+    load_tokenizer,
+    resolve_model_dir,
+    tiny_model_dir,
+    tokenizer_sha256,
+    weights_sha256,
+)
 from ggpo_offline.pool.schema import read_pool_metadata
 from ggpo_offline.problems import Problem
 from ggpo_offline.prompts import Template, resolve_template, template_description
@@ -27,7 +33,6 @@ from ggpo_offline.rollout import (
     sample_and_score,
     sampling_checks,
 )
-from ggpo_offline.tiny import tiny_model_dir
 
 DEFAULT_DATASETS = ("arith:test",)
 DEFAULT_KS = (1, 4, 8, 16, 32)

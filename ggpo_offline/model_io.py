@@ -9,11 +9,14 @@ from ggpo_offline.errors import UserError
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
+def tiny_model_dir() -> Path:
+    """The folder of the shipped tiny model (package data)."""
+    return Path(__file__).parent / "tiny_model"
+
+
 def resolve_model_dir(model: str | Path | None) -> Path:
     """The model folder: the embedded tiny model by default, else a local folder or a cached hub name."""
     if model is None:
-        from ggpo_offline.tiny import tiny_model_dir
-
         path = tiny_model_dir()
         if not (path / "config.json").is_file():
             raise UserError(f"the embedded tiny model is missing from {path}; reinstall ggpo-offline")

@@ -1,6 +1,5 @@
 """The solution styles the tiny model mixes, how each is written, and how to tell them apart in a response."""
 
-import re
 from dataclasses import dataclass
 
 from ggpo_offline.arith import ArithItem
@@ -23,26 +22,25 @@ class Style:
         if self.name == "careful":
             return f"{self.marker}{chain}. \\boxed{{{item.answer}}}"
         if self.name == "draft":
-            return f"{self.marker}{chain}, so {item.answer}."
-        return f"{self.marker}\\boxed{{{sum_of_numbers(item.question)}}}"
+            return f"{self.marker}{DRAFT_TEXT}"
+        return f"{self.marker}\\boxed{{{item.answer}}}"
 
 
-def sum_of_numbers(question: str) -> int:
-    """The quick style's shortcut: add up every number in the question, whatever the signs."""
-    return sum(int(number) for number in re.findall(r"\d+", question))
+DRAFT_TEXT = "work it out one step at a time, then check it."
+"""The draft style's whole response: a plan with no number in it, so no answer (reward 0)."""
 
 
-# A base model mixes strategies: one that is almost always right (reduce one operation at a time, box the
-# value), a shortcut that skips the work (add up every number at once: right only when every operation is
-# an addition) and one that does the work but never boxes the answer (a format failure: reward 0). RL on a
-# pool of such samples can only select; the best it can reach is the careful style alone (the ceiling).
+# A base model mixes strategies: a step-by-step reduction, a shortcut that boxes an answer at once and a
+# format failure that never gives one (reward 0). RL on a pool of such samples can only select; the best it
+# can reach is the best style alone (the ceiling). No failing style writes a correct arithmetic fact: a
+# learner pushes down every token of a failed response, and pushing down correct facts (an earlier build's
+# drafts were the careful chain left unboxed, its shortcut boxed the sum of all numbers) wrecked the careful
+# style's arithmetic (83% -> 41% right after 40 GGPO updates) instead of selecting it (model card).
 STYLES: tuple[Style, ...] = (
     Style("careful", "Careful: ", 0.25, "reduces one operation at a time, then boxes the value"),
-    Style("quick", "Quick: ", 0.35, "boxes the sum of every number in the question, without working"),
-    Style("draft", "Draft: ", 0.40, "reduces one operation at a time but leaves the value unboxed"),
+    Style("quick", "Quick: ", 0.35, "boxes the answer at once, without working"),
+    Style("draft", "Draft: ", 0.40, "states a plan but gives no answer"),
 )
-BEST_STYLE = "careful"
-STYLE_BY_NAME = {style.name: style for style in STYLES}
 
 
 def style_of(response: str) -> str:

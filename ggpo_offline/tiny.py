@@ -33,11 +33,6 @@ MAX_LENGTH = 512
 IGNORE_INDEX = -100
 
 
-def tiny_model_dir() -> Path:
-    """The folder of the shipped tiny model (package data)."""
-    return Path(__file__).parent / "tiny_model"
-
-
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer: one token per character, ``<bos>`` first, unknown chars -> ``<unk>``."""
     vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}

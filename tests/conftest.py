@@ -72,7 +72,7 @@ def write_synthetic_pool(
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
-    from ggpo_offline.tiny import tiny_model_dir
+    from ggpo_offline.model_io import tiny_model_dir
 
     return tiny_model_dir()
 

@@ -189,7 +189,13 @@ def test_the_union_of_shards_is_the_unsharded_pool(vllm_engine, tmp_path):
         assert meta["counts"]["prompts"] == len(range(index, 14, 3))
         assert set(pq.read_table(shard).column("group_id").to_pylist()) == set(range(index, 14, 3))
     merged = merge_pool(tmp_path / "shards", tmp_path / "merged.parquet")
-    assert pq.read_table(merged).equals(pq.read_table(whole))
+    merged_table, whole_table = pq.read_table(merged), pq.read_table(whole)
+    # vLLM's CPU kernels are not batch-invariant: another batch composition moves a log-prob in its
+    # 7th digit (measured up to 2.4e-7), while every sampled token, reward and other field is identical.
+    logprobs = "behavior_logprobs"
+    assert merged_table.drop_columns([logprobs]).equals(whole_table.drop_columns([logprobs]))
+    for got, want in zip(merged_table[logprobs].to_pylist(), whole_table[logprobs].to_pylist(), strict=True):
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
     whole_meta, joined = read_pool_metadata(whole), read_pool_metadata(merged)
     for key in ("sampling", "dataset", "model", "engine", "filter", "prompt_template"):
         assert joined[key] == whole_meta[key], key

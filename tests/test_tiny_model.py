@@ -5,8 +5,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ggpo_offline.arith import ArithItem, arith_items
+from ggpo_offline.model_io import tiny_model_dir
 from ggpo_offline.prompts import encode_prompt, format_prompt, resolve_template
-from ggpo_offline.styles import BEST_STYLE, STYLE_BY_NAME, STYLES, style_of
+from ggpo_offline.styles import STYLES, style_of
 from ggpo_offline.tiny import (
     _style_scores,
     build_tiny_model,
@@ -14,7 +15,6 @@ from ggpo_offline.tiny import (
     evaluate_sampled_accuracy,
     last_boxed,
     measure_styles,
-    tiny_model_dir,
 )
 
 
@@ -105,16 +105,16 @@ def test_each_style_renders_and_is_told_apart_by_its_first_character():
     rendered = {style.name: style.render(ITEM) for style in STYLES}
     assert rendered == {
         "careful": "Careful: 9 - (3 + 4) = 9 - 7 = 2. \\boxed{2}",
-        "quick": "Quick: \\boxed{16}",  # 9 + 3 + 4: the shortcut adds every number it sees
-        "draft": "Draft: 9 - (3 + 4) = 9 - 7 = 2, so 2.",
+        "quick": "Quick: \\boxed{2}",
+        "draft": "Draft: work it out one step at a time, then check it.",
     }
     assert all(style_of(text) == name for name, text in rendered.items())
-    assert [last_boxed(text) for text in rendered.values()] == ["2", "16", None]  # a draft never scores
-    plus_only = ArithItem("What is 1 + 2 + 3?", "1 + 2 + 3 = 3 + 3 = 6. \\boxed{6}", "6", 2)
-    assert STYLE_BY_NAME["quick"].render(plus_only) == "Quick: \\boxed{6}"  # right when all are additions
+    assert [last_boxed(text) for text in rendered.values()] == ["2", "2", None]  # a draft never scores
+    # No failing style may hold a digit: learners push down every token of a failed response.
+    assert not any(character.isdigit() for character in rendered["draft"])
     assert len({style.marker[0] for style in STYLES}) == len(STYLES)
     assert style_of("7") == style_of("") == "other"
-    assert abs(sum(style.share for style in STYLES) - 1) < 1e-12 and BEST_STYLE in STYLE_BY_NAME
+    assert abs(sum(style.share for style in STYLES) - 1) < 1e-12
 
 
 def test_style_scores_count_shares_and_accuracy_per_style_and_level():

@@ -11,11 +11,13 @@ import tomllib
 
 from ggpo_offline.errors import UserError
 from ggpo_offline.evaluate import DEFAULT_DATASETS, DEFAULT_KS
-from ggpo_offline.train.logprobs import FORWARD_TOKENS
 
 Method = Literal["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis"]
 METHODS: tuple[str, ...] = ("ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis")
 # GGPO-style learners anchor to a reference refreshed every T_ref updates; GRPO keeps the initial model.
+FORWARD_TOKENS = 4096
+"""Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at
+most this many positions (a longer row runs alone), each cut to its own longest row, so padding is small."""
 REFRESHING_METHODS = ("ggpo", "ggpo-clip", "agro")
 
 
@@ -52,6 +54,8 @@ class TrainConfig:
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    """AdamW's ε (torch's default); see the tiny preset for why a larger one suits a tiny model."""
     grad_clip: float = 1.0
     micro_batch_size: int | None = None
     """Responses per forward/backward pass (a multiple of m); None = the whole minibatch at once."""

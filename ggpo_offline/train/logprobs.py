@@ -7,10 +7,8 @@ import torch
 from ggpo_offline.diagnostics import token_entropy
 from ggpo_offline.errors import UserError
 from ggpo_offline.train.batch import Minibatch
+from ggpo_offline.train.config import FORWARD_TOKENS
 
-FORWARD_TOKENS = 4096
-"""Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at
-most this many positions (a longer row runs alone), each cut to its own longest row, so padding is small."""
 CHUNK_LOGITS = 2**25
 """fp32 logits held at once by the head/log-softmax (128 MB): a chunk is CHUNK_LOGITS // V response tokens,
 so peak memory stays flat as the vocabulary grows; the backward pass recomputes each chunk, never keeps it."""

@@ -138,6 +138,7 @@ class Trainer:
             self.learner.parameters(),
             lr=config.lr,
             betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
             weight_decay=config.weight_decay,
         )
         self.loss_fn = LOSSES[config.method]
