@@ -15,14 +15,11 @@ from ggpo_offline.model_io import initial_model_dir
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.pool.schema import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
+
+# torch and transformers load only once runs are about to train, so a refused command answers at once.
 from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, load_run, write_figures, write_tables
-from ggpo_offline.train.checkpoint import latest_checkpoint
 from ggpo_offline.train.config import METHODS, TrainConfig, resolve_config
-from ggpo_offline.train.distributed import device_of
-from ggpo_offline.train.evaluation import eval_config
-from ggpo_offline.train.pi0_cache import score_pool
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
-from ggpo_offline.train.trainer import RESULT_FILE, train
 
 DEFAULT_METHODS = ("grpo", "grpo-tis", "agro", "ggpo")
 DEFAULT_SEEDS = (42, 1234, 2027)
@@ -134,6 +131,9 @@ def _action(run: TrainConfig, fingerprints: dict, rerun: bool) -> str:
     run_dir = run.run_dir
     if not run_dir.exists() or not any(run_dir.iterdir()):
         return "train"
+    from ggpo_offline.train.checkpoint import latest_checkpoint
+    from ggpo_offline.train.trainer import RESULT_FILE
+
     if rerun:
         return "replace"
     config_file = run_dir / "config.json"
@@ -192,9 +192,12 @@ def compare(
 
     ``engine`` lends an already started generation engine holding the pool's model to the evaluations.
     """
+    planned = plan(config)  # refuses bad input before torch and MLflow load
     from ggpo_offline import tracking
+    from ggpo_offline.train.distributed import device_of
+    from ggpo_offline.train.evaluation import eval_config
+    from ggpo_offline.train.pi0_cache import score_pool
 
-    planned = plan(config)
     shared = planned[0].config
     report_dir = config.report_dir
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -243,6 +246,8 @@ def compare(
 
 
 def _execute(run: PlannedRun, evaluator, parent_run_id, on_update, on_eval) -> None:
+    from ggpo_offline.train.trainer import train
+
     if run.action == "reuse":
         return
     train(

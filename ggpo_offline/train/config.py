@@ -55,7 +55,7 @@ class TrainConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
-    """AdamW's ε (torch's default); see the tiny preset for why a larger one suits a tiny model."""
+    """AdamW's ε (torch's default)."""
     grad_clip: float = 1.0
     micro_batch_size: int | None = None
     """Responses per forward/backward pass (a multiple of m); None = the whole minibatch at once."""
