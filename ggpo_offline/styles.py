@@ -18,8 +18,8 @@ class Style:
 
     def render(self, item: ArithItem) -> str:
         """This style's response to ``item`` (without <eos>)."""
-        chain = item.solution.split(". \\boxed{")[0]
         if self.name == "careful":
+            chain = item.solution.split(". \\boxed{")[0]
             return f"{self.marker}{chain}. \\boxed{{{item.answer}}}"
         if self.name == "draft":
             return f"{self.marker}{DRAFT_TEXT}"
@@ -35,7 +35,7 @@ DRAFT_TEXT = "work it out one step at a time, then check it."
 # can reach is the best style alone (the ceiling). No failing style writes a correct arithmetic fact: a
 # learner pushes down every token of a failed response, and pushing down correct facts (an earlier build's
 # drafts were the careful chain left unboxed, its shortcut boxed the sum of all numbers) wrecked the careful
-# style's arithmetic (83% -> 41% right after 40 GGPO updates) instead of selecting it (model card).
+# style's arithmetic (83% -> 50% right after 30 GGPO updates) instead of selecting it (model card).
 STYLES: tuple[Style, ...] = (
     Style("careful", "Careful: ", 0.25, "reduces one operation at a time, then boxes the value"),
     Style("quick", "Quick: ", 0.35, "boxes the answer at once, without working"),

@@ -49,8 +49,8 @@ def correct_minus_incorrect(model_dir, pool, group_ids: list[int]) -> float:
     """Mean over groups of (mean log-prob of its correct responses' first token - that of its incorrect ones).
 
     The first token is where the embedded model picks its behaviour. Whole-sequence log-probs are no use
-    here: correct responses are mostly long careful chains, so any update that sharpens the model widens
-    their gap, whatever its sign (measured: a sign-flipped GGPO widened it more than the real one)."""
+    here: on the previous build, whose correct responses were mostly long careful chains, any update that
+    sharpened the model widened their gap, whatever its sign (a sign-flipped GGPO widened it more)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     batch = MinibatchReader(pool, index_pool(pool), pad_id=0).read(group_ids)
     logp, _ = response_logprobs(model, batch)

@@ -110,7 +110,7 @@ def test_each_style_renders_and_is_told_apart_by_its_first_character():
     }
     assert all(style_of(text) == name for name, text in rendered.items())
     assert [last_boxed(text) for text in rendered.values()] == ["2", "2", None]  # a draft never scores
-    # No failing style may hold a digit: learners push down every token of a failed response.
+    # The draft (always wrong) holds no digit: learners push down every token of a failed response.
     assert not any(character.isdigit() for character in rendered["draft"])
     assert len({style.marker[0] for style in STYLES}) == len(STYLES)
     assert style_of("7") == style_of("") == "other"

@@ -14,10 +14,10 @@ from ggpo_offline.evaluate import DEFAULT_DATASETS, DEFAULT_KS
 
 Method = Literal["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis"]
 METHODS: tuple[str, ...] = ("ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis")
-# GGPO-style learners anchor to a reference refreshed every T_ref updates; GRPO keeps the initial model.
 FORWARD_TOKENS = 4096
 """Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at
 most this many positions (a longer row runs alone), each cut to its own longest row, so padding is small."""
+# GGPO-style learners anchor to a reference refreshed every T_ref updates; GRPO keeps the initial model.
 REFRESHING_METHODS = ("ggpo", "ggpo-clip", "agro")
 
 
