@@ -146,6 +146,39 @@ def pass_at_k_table(records: list[RunRecord], methods: list[str], scope: str) ->
     return table
 
 
+def paper_findings(records: list[RunRecord], methods: list[str], scope: str) -> list[str]:
+    """Whether the paper's qualitative offline findings (SPEC.md "Reference points from the paper") hold in
+    these runs, as measured: GGPO >= AGRO at the final update, GRPO+TIS >= GRPO at mid-training, and which
+    method leads at the end (the paper: GGPO). A finding whose methods were not run is left out."""
+    table = accuracy_table(records, methods, scope)
+    final = max(table)
+    middle = min(table, key=lambda update: (abs(update - final / 2), update))
+    lines = []
+
+    def compare_at(update: int, better: str, worse: str, claim: str) -> None:
+        if better not in table[update] or worse not in table[update]:
+            return
+        high, low = table[update][better], table[update][worse]
+        verdict = "holds" if high.mean >= low.mean else "does not hold"
+        spread = max(0.0 if math.isnan(c.std) else c.std for c in (high, low))
+        noise = " (the difference is within one seed std)" if abs(high.mean - low.mean) <= spread else ""
+        lines.append(
+            f"- {claim} at update {update}: **{verdict}** here — {_display(better)} {high.text()} vs"
+            f" {_display(worse)} {low.text()}{noise}."
+        )
+
+    compare_at(final, "ggpo", "agro", "GGPO ≥ AGRO (paper: at every evaluation)")
+    compare_at(
+        middle, "grpo-tis", "grpo", "GRPO+TIS ≥ GRPO at mid-training (paper: 57.9 vs 38.4 at update 160)"
+    )
+    leader = max(table[final], key=lambda method: table[final][method].mean)
+    paper = "as in the paper" if leader == "ggpo" else "the paper's leader is GGPO"
+    lines.append(
+        f"- Leader at update {final}: **{_display(leader)}** ({table[final][leader].text()}; {paper})."
+    )
+    return lines
+
+
 def _display(method: str) -> str:
     return "base model" if method == "base" else METHOD_NAMES.get(method, method)
 
@@ -186,6 +219,12 @@ def write_tables(records: list[RunRecord], methods: list[str], seeds: list[int],
                 for key, header in zip(keys, headers, strict=True)
             ]
         markdown.append("")
+        markdown += [
+            f"### The paper's offline findings, on {what}",
+            "",
+            *paper_findings(records, methods, scope),
+            "",
+        ]
     text = "\n".join(markdown)
     (out / "table.md").write_text(text)
     with (out / "table.csv").open("w", newline="") as handle:

@@ -13,7 +13,10 @@ class Style:
     marker: str
     """The response's first characters; the first one alone decides the style."""
     share: float
-    """Its share of the pretraining data, hence about its share of the base model's samples."""
+    """The base model's probability of opening a response with this style: the pretraining target for the
+    first response token, whatever style the row goes on in."""
+    row_share: float
+    """Its share of the pretraining rows: how much of the training budget learns this style's content."""
     description: str
 
     def render(self, item: ArithItem) -> str:
@@ -36,10 +39,14 @@ DRAFT_TEXT = "work it out one step at a time, then check it."
 # learner pushes down every token of a failed response, and pushing down correct facts (an earlier build's
 # drafts were the careful chain left unboxed, its shortcut boxed the sum of all numbers) wrecked the careful
 # style's arithmetic (83% -> 50% right after 30 GGPO updates) instead of selecting it (model card).
+#
+# The share a style is sampled with and the share of rows that teach it are set apart: a careful chain takes
+# far more rows to learn than a constant draft, and with rows in the sampling shares (an earlier build) the
+# careful chain stayed flat at temperature 1 (47% right when forced; 70% at temperature 0.3).
 STYLES: tuple[Style, ...] = (
-    Style("careful", "Careful: ", 0.25, "reduces one operation at a time, then boxes the value"),
-    Style("quick", "Quick: ", 0.35, "boxes the answer at once, without working"),
-    Style("draft", "Draft: ", 0.40, "states a plan but gives no answer"),
+    Style("careful", "Careful: ", 0.30, 0.70, "reduces one operation at a time, then boxes the value"),
+    Style("quick", "Quick: ", 0.30, 0.20, "boxes the answer at once, without working"),
+    Style("draft", "Draft: ", 0.40, 0.10, "states a plan but gives no answer"),
 )
 
 

@@ -110,6 +110,28 @@ def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[s
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
 
+def _pretraining_loss(
+    model: Qwen3ForCausalLM,
+    batch: dict[str, torch.Tensor],
+    marker_ids: list[int],
+    marker_shares: torch.Tensor,
+) -> torch.Tensor:
+    """Cross-entropy per response token, averaged; the first response token (the style's marker) is scored
+    against the styles' shares instead of the row's own marker, so which style the model opens with and how
+    well it writes each style are learned apart."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    labels = batch["labels"][:, 1:].clone()
+    rows = torch.arange(labels.shape[0])
+    first_response = (labels != IGNORE_INDEX).int().argmax(dim=1)
+    labels[rows, first_response] = IGNORE_INDEX
+    token_loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    marker_log_probs = logits[rows, first_response].log_softmax(dim=-1)[:, marker_ids]
+    marker_loss = -(marker_log_probs * marker_shares).sum()
+    return (token_loss + marker_loss) / ((labels != IGNORE_INDEX).sum() + len(rows))
+
+
 def _learning_rate_factor(step: int, steps: int, warmup_steps: int) -> float:
     """Linear warmup, then cosine decay to zero."""
     if step < warmup_steps:
@@ -133,6 +155,7 @@ def _train(
     examples: list[list[tuple[list[int], list[int]]]],
     weights: list[float],
     pad_id: int,
+    marker_ids: list[int],
     seed: int,
     steps: int,
     batch_size: int,
@@ -141,7 +164,7 @@ def _train(
     log_every: int,
 ) -> dict:
     """The supervised loop: AdamW, warmup + cosine; problems drawn with replacement by ``weights``, each in a
-    style drawn with the styles' shares."""
+    style drawn with the styles' row shares; the first response token learns the styles' shares."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -149,16 +172,17 @@ def _train(
     )
     # A dedicated generator: the batch order depends on the seed only, not on model-init draws.
     batch_generator = torch.Generator().manual_seed(seed)
-    shares = torch.tensor([style.share for style in STYLES], dtype=torch.float64)
+    row_shares = torch.tensor([style.row_share for style in STYLES], dtype=torch.float64)
+    marker_shares = torch.tensor([style.share for style in STYLES])
     problem_weights = torch.tensor(weights, dtype=torch.float64)
     started = time.monotonic()
     losses: list[float] = []
     for step in range(steps):
-        indices = torch.multinomial(problem_weights, batch_size, replacement=True, generator=batch_generator)
-        indices = indices.tolist()
-        styles = torch.multinomial(shares, batch_size, replacement=True, generator=batch_generator).tolist()
+        draw = {"num_samples": batch_size, "replacement": True, "generator": batch_generator}
+        indices = torch.multinomial(problem_weights, **draw).tolist()
+        styles = torch.multinomial(row_shares, **draw).tolist()
         batch = [examples[i][style] for i, style in zip(indices, styles, strict=True)]
-        loss = model(**_collate(batch, pad_id)).loss
+        loss = _pretraining_loss(model, _collate(batch, pad_id), marker_ids, marker_shares)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -208,6 +232,7 @@ def build_tiny_model(
             examples,
             weights,
             pad_id=tokenizer.pad_token_id,
+            marker_ids=[tokenizer.convert_tokens_to_ids(style.marker[0]) for style in STYLES],
             seed=seed,
             steps=steps,
             batch_size=batch_size,

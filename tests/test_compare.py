@@ -79,6 +79,40 @@ def test_tables_report_mean_and_sample_std_over_seeds(tmp_path):
     assert row["update"] == "8" and row["seeds"] == "2" and row["values"] == "90 80"
 
 
+def test_the_report_says_whether_the_papers_offline_findings_hold(tmp_path):
+    # mean@n at updates 0, 4 (mid-training) and 8 per (method, seed)
+    curves = {
+        ("grpo", 1): (0.3, 0.40, 0.50),
+        ("grpo", 2): (0.3, 0.42, 0.52),
+        ("grpo-tis", 1): (0.3, 0.35, 0.60),
+        ("grpo-tis", 2): (0.3, 0.37, 0.62),
+        ("agro", 1): (0.3, 0.50, 0.55),
+        ("agro", 2): (0.3, 0.50, 0.45),
+        ("ggpo", 1): (0.3, 0.50, 0.50),
+        ("ggpo", 2): (0.3, 0.50, 0.51),
+    }
+    records = [
+        _record(method, seed, evals={u: _report(v, v) for u, v in zip((0, 4, 8), values, strict=True)})
+        for (method, seed), values in curves.items()
+    ]
+    markdown = write_tables(records, ["grpo", "grpo-tis", "agro", "ggpo"], [1, 2], tmp_path)
+    assert (
+        "- GGPO ≥ AGRO (paper: at every evaluation) at update 8: **holds** here — GGPO 50.50 ± 0.71 vs"
+        " AGRO 50.00 ± 7.07 (the difference is within one seed std)." in markdown
+    )
+    assert (
+        "GRPO+TIS ≥ GRPO at mid-training (paper: 57.9 vs 38.4 at update 160) at update 4: **does not hold**"
+        in (markdown)
+    )
+    assert "- Leader at update 8: **GRPO+TIS** (61.00 ± 1.41; the paper's leader is GGPO)." in markdown
+    # Findings about methods that were not run are left out.
+    only = write_tables(
+        [r for r in records if r.method in ("grpo", "ggpo")], ["grpo", "ggpo"], [1, 2], tmp_path
+    )
+    assert "AGRO" not in only and "GRPO+TIS" not in only
+    assert "- Leader at update 8: **GRPO** (51.00 ± 1.41; the paper's leader is GGPO)." in only
+
+
 def test_compare_settings_are_checked_before_any_work(vllm_pool, tmp_path):
     config = CompareConfig(pool=vllm_pool, methods=("grpo", "ppo"), out=tmp_path / "r")
     with pytest.raises(UserError, match="unknown method 'ppo'"):

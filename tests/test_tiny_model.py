@@ -2,14 +2,18 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
 from ggpo_offline.arith import ArithItem, arith_items
 from ggpo_offline.model_io import tiny_model_dir
 from ggpo_offline.prompts import encode_prompt, format_prompt, resolve_template
 from ggpo_offline.styles import STYLES, style_of
 from ggpo_offline.tiny import (
+    _collate,
+    _pretraining_loss,
     _style_scores,
+    _training_examples,
+    build_config,
     build_tiny_model,
     build_tokenizer,
     evaluate_sampled_accuracy,
@@ -115,6 +119,32 @@ def test_each_style_renders_and_is_told_apart_by_its_first_character():
     assert len({style.marker[0] for style in STYLES}) == len(STYLES)
     assert style_of("7") == style_of("") == "other"
     assert abs(sum(style.share for style in STYLES) - 1) < 1e-12
+    assert abs(sum(style.row_share for style in STYLES) - 1) < 1e-12
+
+
+def test_pretraining_loss_scores_the_first_response_token_against_the_style_shares():
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(build_config(tokenizer))
+    examples, _ = _training_examples(tokenizer, 2, seed=0)
+    rows = [examples[0][0], examples[1][1], examples[0][2]]  # careful, quick, draft rows of unequal length
+    batch = _collate(rows, tokenizer.pad_token_id)
+    marker_ids = [tokenizer.convert_tokens_to_ids(style.marker[0]) for style in STYLES]
+    # With all weight on one style, the loss is the ordinary mean token cross-entropy of rows in that style.
+    careful_only = _pretraining_loss(model, _collate(rows[:1], 0), marker_ids, torch.tensor([1.0, 0.0, 0.0]))
+    assert careful_only.item() == pytest.approx(model(**_collate(rows[:1], 0)).loss.item(), rel=1e-6)
+    # With the shares, each row's own marker token is replaced by -sum_s share_s log p(marker_s).
+    shares = torch.tensor([style.share for style in STYLES])
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    log_probs = logits.log_softmax(-1)
+    total, count = 0.0, 0
+    for row, (ids, labels) in enumerate(rows):
+        first = next(i for i, label in enumerate(labels) if label != -100)
+        total -= (log_probs[row, first - 1, marker_ids] * shares).sum().item()
+        total -= sum(log_probs[row, i - 1, ids[i]].item() for i in range(first + 1, len(ids)))
+        count += len(ids) - first
+    expected = total / count
+    assert _pretraining_loss(model, batch, marker_ids, shares).item() == pytest.approx(expected, rel=1e-5)
 
 
 def test_style_scores_count_shares_and_accuracy_per_style_and_level():
