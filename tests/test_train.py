@@ -274,7 +274,7 @@ def test_config_precedence_defaults_preset_file_flags(tmp_path):
     path.write_text('method = "agro"\ngroups-per-batch = 4\nref_refresh = "never"\nlr = 5e-5\n')
     config = resolve_config("tiny", path, lr=1e-3)
     assert (config.method, config.groups_per_batch, config.ref_refresh, config.lr) == ("agro", 4, None, 1e-3)
-    assert config.updates == 30 and config.beta == 0.01  # preset, then SPEC default
+    assert config.updates == 20 and config.beta == 0.01  # preset, then SPEC default
     assert resolve_config("paper-offline").groups_per_batch == 32
     assert resolve_config(None, None, method="grpo").effective_ref_refresh is None
     (tmp_path / "bad.toml").write_text("warmup = 3\n")
