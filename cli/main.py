@@ -35,7 +35,7 @@ def generate_pool(
     solution_key: str = typer.Option(
         None, help="Solution column whose last \\boxed{} is the gold when there is no answer column."
     ),
-    num_prompts: int = typer.Option(None, help="Number of prompts [default: arith 1000, files all rows]."),
+    num_prompts: int = typer.Option(None, help="Number of prompts [default: arith 500, files all rows]."),
     samples_per_prompt: int = typer.Option(
         8, "--samples-per-prompt", "-m", help="Responses per prompt (group size m)."
     ),

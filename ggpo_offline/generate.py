@@ -31,7 +31,8 @@ from ggpo_offline.rollout import (
 )
 
 DEFAULT_POOL = Path("pools/base.parquet")
-DEFAULT_ARITH_PROMPTS = 1000
+# 500 prompts x 8 responses: the tiny preset uses 160 groups per seed, and `make demo` must fit in 12 min.
+DEFAULT_ARITH_PROMPTS = 500
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class GenerateConfig:
     answer_key: str | None = None
     solution_key: str | None = None
     num_prompts: int | None = None
-    """How many prompts (files: the first N rows; arith: N drawn problems, default 1000). None = all."""
+    """How many prompts (files: the first N rows; arith: N drawn problems, default 500). None = all."""
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     engine: str = "vllm"
     dtype: str = "auto"
