@@ -42,7 +42,7 @@ DRAFT_TEXT = "work it out one step at a time, then check it."
 #
 # The share a style is sampled with and the share of rows that teach it are set apart: a careful chain takes
 # far more rows to learn than a constant draft, and with rows in the sampling shares (an earlier build) the
-# careful chain stayed flat at temperature 1 (47% right when forced; 70% at temperature 0.3).
+# careful chain stayed flat at temperature 1 (44% right when forced; 70% at temperature 0.3).
 STYLES: tuple[Style, ...] = (
     Style("careful", "Careful: ", 0.30, 0.70, "reduces one operation at a time, then boxes the value"),
     Style("quick", "Quick: ", 0.30, 0.20, "boxes the answer at once, without working"),
