@@ -9,6 +9,7 @@ from ggpo_offline.model_io import tiny_model_dir
 from ggpo_offline.prompts import encode_prompt, format_prompt, resolve_template
 from ggpo_offline.styles import STYLES, style_of
 from ggpo_offline.tiny import (
+    IGNORE_INDEX,
     _collate,
     _pretraining_loss,
     _style_scores,
@@ -139,7 +140,7 @@ def test_pretraining_loss_scores_the_first_response_token_against_the_style_shar
     log_probs = logits.log_softmax(-1)
     total, count = 0.0, 0
     for row, (ids, labels) in enumerate(rows):
-        first = next(i for i, label in enumerate(labels) if label != -100)
+        first = next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
         total -= (log_probs[row, first - 1, marker_ids] * shares).sum().item()
         total -= sum(log_probs[row, i - 1, ids[i]].item() for i in range(first + 1, len(ids)))
         count += len(ids) - first
