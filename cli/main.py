@@ -148,7 +148,11 @@ def train(
     groups_per_batch: int = typer.Option(None, help="G: groups per minibatch."),
     lr: float = typer.Option(None, help="AdamW learning rate."),
     beta: float = typer.Option(None, help="β of GGPO / GGPO-clip / AGRO."),
-    ref_refresh: str = typer.Option(None, help="T_ref: refresh the reference every N updates, or 'never'."),
+    ref_refresh: str = typer.Option(
+        None,
+        help="T_ref: refresh the reference every N updates, or 'never' [default: 160 (tiny: 15) for ggpo, "
+        "ggpo-clip, agro; never for grpo, grpo-tis].",
+    ),
     tis_block: int = typer.Option(None, help="GRPO+TIS: updates per π_old block."),
     micro_batch_size: int = typer.Option(None, help="Responses per forward/backward (multiple of m)."),
     forward_tokens: int = typer.Option(
@@ -176,6 +180,11 @@ def train(
     no_tracking: bool = typer.Option(None, "--no-tracking", help="Train without MLflow."),
     allow_tokenizer_mismatch: bool = typer.Option(
         None, "--allow-tokenizer-mismatch", help="Train a model whose tokenizer differs from the pool's."
+    ),
+    allow_truncated_sampling: bool = typer.Option(
+        None,
+        "--allow-truncated-sampling",
+        help="Train on a pool sampled with top-p < 1 or top-k > 0 (its log-probs cannot be matched exactly).",
     ),
     eval_every: int = typer.Option(
         None, help="Evaluate at update 0, every N updates and at the end [default: no evaluation]."
@@ -222,6 +231,7 @@ def train(
         experiment=experiment,
         no_tracking=no_tracking,
         allow_tokenizer_mismatch=allow_tokenizer_mismatch,
+        allow_truncated_sampling=allow_truncated_sampling,
         eval_every=eval_every,
         eval_datasets=tuple(eval_dataset) if eval_dataset else None,
         eval_n=eval_n,

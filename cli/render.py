@@ -112,6 +112,8 @@ def print_config(config) -> None:
     """The resolved training configuration, printed at start."""
     table = Table(title="resolved config", show_header=False)
     for key, value in config.to_dict().items():
+        if key == "ref_refresh" and value is None:
+            value = "never (the initial model stays the reference)"
         table.add_row(key, str(value))
     table.add_row("run folder", str(config.run_dir))
     stdout.print(table)

@@ -13,7 +13,7 @@ from ggpo_offline.errors import UserError
 from ggpo_offline.evaluate import Evaluator
 from ggpo_offline.model_io import initial_model_dir
 from ggpo_offline.pool.inspect import pool_summary
-from ggpo_offline.pool.schema import read_pool_metadata
+from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, load_run, write_figures, write_tables
 from ggpo_offline.train.config import METHODS, TrainConfig, resolve_config

@@ -16,6 +16,8 @@ import math
 import torch
 from torch import Tensor
 
+from ggpo_offline.losses import LOG_RATIO_BOUND
+
 
 def _count(mask: Tensor, count: float | Tensor | None) -> float | Tensor:
     return mask.sum() if count is None else count
@@ -25,8 +27,9 @@ def _count(mask: Tensor, count: float | Tensor | None) -> float | Tensor:
 def mismatch_k3(
     logp: Tensor, behavior_logp: Tensor, mask: Tensor, *, token_count: float | Tensor | None = None
 ) -> Tensor:
-    """`mismatch/k3`: token mean of exp(λ_t) − λ_t − 1 (≥ 0, 0 iff learner = behavior on every token)."""
-    lam = logp - behavior_logp  # [B, T]
+    """`mismatch/k3`: token mean of exp(λ_t) − λ_t − 1 (≥ 0, 0 iff learner = behavior on every token); λ_t is
+    clamped to ±20 as in the losses, so one token μ rated near-impossible cannot make the metric inf."""
+    lam = (logp - behavior_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # [B, T]
     return (mask * (lam.exp() - lam - 1)).sum() / _count(mask, token_count)
 
 

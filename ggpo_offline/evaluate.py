@@ -19,7 +19,7 @@ from ggpo_offline.model_io import (
     tokenizer_sha256,
     weights_sha256,
 )
-from ggpo_offline.pool.schema import read_pool_metadata
+from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.problems import Problem
 from ggpo_offline.prompts import Template, resolve_template, template_description
 from ggpo_offline.rewards import RewardScorer

@@ -125,9 +125,21 @@ def _grpo_stats(A: Tensor, pg: _PolicyGradient, kl: Tensor, mask: Tensor, T_tok:
     }
 
 
+LOG_RATIO_BOUND = 20.0
+"""|log-ratio| before any ratio is exponentiated. Far outside every clip range (PPO 1 ± ε, dual clip c, TIS
+cap, k3 clamp), so no gradient that a clip lets through changes; it keeps exp finite, because a token the
+behavior policy rated near-impossible (log μ = −100) would otherwise give exp(100) = inf in fp32 and a NaN
+gradient (inf × the 0 gradient of a clipped branch)."""
+
+
+def _ratio(log_ratio: Tensor) -> Tensor:
+    """exp(log-ratio), the log-ratio first clamped to ±LOG_RATIO_BOUND: [B, T]."""
+    return log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
+
+
 def _k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """kl_t = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1, clamped to [−10, 10]: [B, T]."""
-    log_ratio = ref_logp - logp
+    log_ratio = (ref_logp - logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     return (log_ratio.exp() - log_ratio - 1).clamp(-10.0, 10.0)
 
 
@@ -246,10 +258,11 @@ def grpo_loss(
     """Default GRPO (paper Appendix C.2): PPO-clipped token ratio against the stored behavior log-probs.
 
         A_i  = (r_i − mean r) / (std r + 1e-6)                      (sample std, per group, constant)
-        ρ_t  = exp(log π_θ(a_t) − log μ(a_t))
+        ρ_t  = exp(log π_θ(a_t) − log μ(a_t))                        (log-ratio clamped to ±20 first)
         pg_t = max(−A ρ_t, −A clip(ρ_t, 1−ε, 1+ε))                  (ε = clip_eps)
         pg_t = min(pg_t, −A c)   if A < 0                            (dual clip, c = dual_clip)
         kl_t = exp(log π_ref − log π_θ) − (log π_ref − log π_θ) − 1, clamped to [−10, 10]
+                                                                     (log-ratio clamped to ±20 first)
         L    = (1/T_tok) Σ M_t pg_t + kl_coef · (1/T_tok) Σ M_t kl_t
 
     No importance weight beyond ρ_t, no entropy bonus.
@@ -260,7 +273,7 @@ def grpo_loss(
     _check_groups(rewards, group_size)
     T_tok = _token_count(mask, token_count, logp)
     A = _grpo_advantage(rewards, group_size)  # [B]
-    ratio = torch.exp(logp - behavior_logp)  # [B, T]
+    ratio = _ratio(logp - behavior_logp)  # [B, T]
     pg = _ppo_dual_clip(ratio, A, clip_eps, dual_clip)
     kl = _k3_kl(logp, ref_logp)  # [B, T]
     loss = _token_sum_over(pg.pg, mask, T_tok) + kl_coef * _token_sum_over(kl, mask, T_tok)
@@ -285,7 +298,7 @@ def grpo_tis_loss(
     """GRPO + TIS (paper Appendix C.2, Eq. 61): PPO ratio against π_old, times the capped weight π_old/μ.
 
         w_t    = min(exp(log π_old(a_t) − log μ(a_t)), cap)          (constant, no normalization)
-        ρ_t    = exp(log π_θ(a_t) − log π_old(a_t))
+        ρ_t    = exp(log π_θ(a_t) − log π_old(a_t))                  (both log-ratios clamped to ±20 first)
         loss_t = w_t · pg_t(ρ_t, A)                                  (pg_t, A_i and kl_t as in `grpo_loss`)
         L      = (1/T_tok) Σ M_t loss_t + kl_coef · (1/T_tok) Σ M_t kl_t
 
@@ -297,9 +310,9 @@ def grpo_tis_loss(
     _check_groups(rewards, group_size)
     T_tok = _token_count(mask, token_count, logp)
     A = _grpo_advantage(rewards, group_size)  # [B]
-    raw_w = torch.exp(old_logp - behavior_logp).detach()  # [B, T]
+    raw_w = _ratio(old_logp - behavior_logp).detach()  # [B, T]
     w = raw_w.clamp(max=tis_cap)
-    ratio = torch.exp(logp - old_logp)  # [B, T]
+    ratio = _ratio(logp - old_logp)  # [B, T]
     pg = _ppo_dual_clip(ratio, A, clip_eps, dual_clip)
     kl = _k3_kl(logp, ref_logp)  # [B, T]
     loss = _token_sum_over(w * pg.pg, mask, T_tok) + kl_coef * _token_sum_over(kl, mask, T_tok)

@@ -46,6 +46,10 @@ def test_mismatch_by_hand():
     k3 = sum(math.exp(x) - x - 1 for x in lam) / 3
     assert mismatch_k3(logp, behavior, mask).item() == pytest.approx(k3, rel=1e-12)
     assert mismatch_drift(logp, behavior, mask).item() == pytest.approx(1.7 / 3, rel=1e-12)
+    # A token μ rated near-impossible: λ = 100 counts as the clamp's 20, in fp32 too (exp(100) is inf there).
+    extreme = torch.tensor([[0.0, -1.0]]), torch.tensor([[-100.0, -1.0]]), torch.ones(1, 2)
+    k3_extreme = (math.exp(20) - 20 - 1) / 2
+    assert mismatch_k3(*extreme).item() == pytest.approx(k3_extreme, rel=1e-6)
     torch.testing.assert_close(
         sequence_log_weights(logp, behavior, mask), f64([-0.5, 0.2]), rtol=0, atol=1e-15
     )

@@ -99,3 +99,44 @@ def test_job_size_errors_are_one_line_before_or_from_the_workers(vllm_pool, tmp_
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: --resume: {config.out} was trained by 1 process(es); resume it with the same number (now 2)"
     )
+
+
+FSDP_BF16_CHECK = """
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)  # no port
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from transformers import AutoModelForCausalLM
+from ggpo_offline.model_io import tiny_model_dir
+from ggpo_offline.train.batch import MinibatchReader
+from ggpo_offline.train.distributed import cast_parameters
+from ggpo_offline.train.logprobs import ResponseLogprobs
+from ggpo_offline.train.plan import index_pool
+index = index_pool(sys.argv[1])
+batch = MinibatchReader(sys.argv[1], index, 0).read(index.mixed_group_ids[:4].tolist())
+def model():
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir()), dtype=torch.float32)
+sharded = ResponseLogprobs(model(), 0.7)
+policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)  # wrap()'s on CUDA
+for layer in sharded.model.model.layers:
+    fully_shard(layer, mp_policy=policy)
+fully_shard(sharded, mp_policy=policy)
+with torch.no_grad():
+    learner = sharded(batch)[0]
+    cast = ResponseLogprobs(cast_parameters(model(), torch.bfloat16), 0.7)(batch)[0]
+    fp32 = ResponseLogprobs(model(), 0.7)(batch)[0]
+print(torch.equal(learner, cast), (learner - fp32).abs().max().item())
+"""
+
+
+def test_pi0_scored_with_cast_parameters_equals_the_fsdp2_bf16_learner(vllm_pool, tmp_path):
+    """Under --fsdp on CUDA the learner computes with bf16 parameters; π0 is scored with the parameters cast
+    the same way (`cast_parameters`). FSDP2's bf16 policy runs on CPU too, so the equality is checked here:
+    exact, while fp32 weights would bias every update-0 s − s_ref."""
+    done = subprocess.run(
+        [sys.executable, "-c", FSDP_BF16_CHECK, str(vllm_pool), str(tmp_path / "rendezvous")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    equal, fp32_gap = done.stdout.split()[-2:]
+    assert equal == "True" and float(fp32_gap) > 1e-3

@@ -8,7 +8,8 @@ import torch
 from ggpo_offline.engines import SamplingSettings, prompt_seed
 from ggpo_offline.engines.base import cut_at_eos
 from ggpo_offline.model_io import eos_token_ids, load_tokenizer
-from ggpo_offline.pool.schema import POOL_SCHEMA, read_pool_metadata
+from ggpo_offline.pool.schema import POOL_SCHEMA
+from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.prompts import encode_prompt, format_prompt
 from ggpo_offline.rewards import score_response

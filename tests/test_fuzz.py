@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import synthetic_metadata, synthetic_rows
+from conftest import synthetic_metadata, synthetic_rows, write_synthetic_pool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -286,6 +286,34 @@ def test_random_byte_corruption_never_escapes_as_a_traceback(pool_file, pool_byt
         validate_pool(pool_file)  # a byte inside a value can leave a valid pool: that is fine
     except UserError as error:
         assert "\n" not in str(error) and str(error).startswith(f"{pool_file}: "), str(error)
+
+
+def test_every_flipped_byte_in_a_written_pools_pages_is_caught(tmp_path):
+    """Our pools carry page checksums: a byte changed anywhere in a column chunk (page headers and data)
+    either fails validation or changes nothing a reader sees (header statistics)."""
+    path = write_synthetic_pool(tmp_path / "pool.parquet", groups=2, m=2)
+    original, table = path.read_bytes(), pq.read_table(path)
+    metadata = pq.ParquetFile(path).metadata
+    chunks = [metadata.row_group(0).column(c) for c in range(metadata.num_columns)]
+    positions = [
+        position
+        for chunk in chunks
+        for start in [chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset]
+        for position in range(start, start + chunk.total_compressed_size)
+    ]
+    corrupted, caught_by_checksum, unchanged = tmp_path / "corrupted.parquet", 0, 0
+    for position in positions:
+        data = bytearray(original)
+        data[position] ^= 0xFF
+        corrupted.write_bytes(bytes(data))
+        try:
+            validate_pool(corrupted)
+        except UserError as error:
+            caught_by_checksum += "fails its checksum" in str(error)
+            continue
+        assert pq.read_table(corrupted).equals(table), f"byte {position} changed the data unnoticed"
+        unchanged += 1
+    assert caught_by_checksum > len(positions) / 2 and unchanged < len(positions) / 4
 
 
 # --- the CLI: `ggpo pool validate` and `ggpo train` stop with one line --------------------------------

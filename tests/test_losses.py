@@ -452,3 +452,22 @@ def test_grpo_tis_weight_is_capped_at_2():
     expected_grad = torch.tensor([[-2 * A, -1.5 * A], [2 * A, 1.5 * A]], dtype=torch.float64) / 4
     torch.testing.assert_close(grad_of(out.loss, logp), expected_grad, **TOL)
     assert out.stats["tis_weight_mean"].item() == pytest.approx(1.75) and out.stats["tis_clip_frac"] == 0.5
+
+
+@pytest.mark.parametrize("name", ["grpo", "grpo-tis"])
+def test_extreme_log_probs_keep_the_fp32_gradient_finite_and_exact(name):
+    """A token μ rated near-impossible (log μ = −100) and one the learner does (log π_θ = −100, so the k3
+    ratio π_ref/π_θ is e^100): exp overflows fp32 unless the log-ratio is clamped; clamped, the loss and
+    gradient still equal the unclamped float64 transcription."""
+    batch = make_batch(seed=9)
+    with torch.no_grad():
+        batch["behavior_logp"][0, 0] = -100.0
+        batch["logp"][1, 0], batch["ref_logp"][1, 0] = -100.0, 0.0
+    fp32 = {k: v.detach().float() if torch.is_tensor(v) else v for k, v in batch.items()}
+    fp32["logp"].requires_grad_()
+    out = call(name, fp32)
+    grad = grad_of(out.loss, fp32["logp"])
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+    loss, expected = hand_grpo(as_lists(batch), tis=name == "grpo-tis")
+    assert out.loss.item() == pytest.approx(loss, rel=1e-5)
+    torch.testing.assert_close(grad, expected.float(), rtol=1e-4, atol=1e-7)

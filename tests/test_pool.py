@@ -11,7 +11,8 @@ from conftest import synthetic_metadata, synthetic_rows, write_synthetic_pool
 
 from ggpo_offline.errors import UserError
 from ggpo_offline.pool.inspect import pool_summary
-from ggpo_offline.pool.schema import METADATA_KEY, POOL_SCHEMA, read_pool_metadata
+from ggpo_offline.pool.schema import METADATA_KEY, POOL_SCHEMA
+from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import PoolInvalid, validate_pool
 from ggpo_offline.pool.writer import PoolWriter
 
@@ -30,6 +31,13 @@ def test_roundtrip_with_plain_pyarrow_and_polars(tmp_path):
     assert frame.height == 20 and frame["reward"].to_list() == [r["reward"] for r in rows]
     meta = json.loads(pq.read_metadata(path).metadata[METADATA_KEY])
     assert meta == synthetic_metadata(4) == read_pool_metadata(path)
+
+
+def test_provenance_is_the_schema_metadata_arrow_readers_look_at(tmp_path):
+    path = write_synthetic_pool(tmp_path / "p.parquet", groups=2)
+    for schema in (pq.read_schema(path), pq.read_table(path).schema, pq.ParquetFile(path).schema_arrow):
+        assert json.loads(schema.metadata[METADATA_KEY]) == synthetic_metadata(4)
+        assert schema.remove_metadata() == POOL_SCHEMA  # exact types and nullability without the Arrow copy
 
 
 def test_writer_never_leaves_a_partial_pool(tmp_path):

@@ -17,7 +17,7 @@ from ggpo_offline.engines import SamplingSettings
 from ggpo_offline.errors import UserError
 from ggpo_offline.generate import GenerateConfig, generate_pool
 from ggpo_offline.pool.partial import PROGRESS_FILE, partial_dir
-from ggpo_offline.pool.schema import read_pool_metadata
+from ggpo_offline.pool.source import read_pool_metadata
 
 
 class Crash(Exception):

@@ -151,6 +151,24 @@ def test_update_zero_mismatch_is_exactly_zero_on_a_float32_hf_pool(hf_pool, tmp_
     assert first["ref/log_ratio"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_update_zero_mismatch_is_zero_on_a_pool_sampled_at_temperature_07(tmp_path):
+    """The engine stored log-probs of softmax(logits / 0.7); the learner, π_old and π0 divide by 0.7 too."""
+    from ggpo_offline.engines import SamplingSettings
+    from ggpo_offline.generate import GenerateConfig, generate_pool
+
+    sampling = SamplingSettings(m=4, max_tokens=64, seed=5, temperature=0.7)
+    generated = GenerateConfig(
+        num_prompts=12, sampling=sampling, engine="hf", dtype="float32", out=tmp_path / "t07.parquet"
+    )
+    pool = generate_pool(replace(generated, reward_workers=0))
+    for method in ("grpo-tis", "ggpo"):
+        first = train(_config(pool, tmp_path, updates=1, method=method, out=tmp_path / method)).metrics[0]
+        assert abs(first["mismatch/k3"]) < 1e-6 and abs(first["mismatch/drift"]) < 1e-6, method
+        assert first["mismatch/ess"] == pytest.approx(1.0, abs=1e-6)
+        assert first["ref/log_ratio"] == pytest.approx(0.0, abs=1e-6)
+    assert first["policy/entropy"] > 0
+
+
 @pytest.mark.parametrize("method", ["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis"])
 def test_every_method_trains_and_changes_the_policy(vllm_pool, tmp_path, method):
     result = train(_config(vllm_pool, tmp_path, method=method, updates=3, tis_block=2))
@@ -175,6 +193,23 @@ def test_same_pool_config_and_seed_give_identical_metrics_and_methods_share_the_
     assert grpo.data_order_fingerprint == first.data_order_fingerprint
     other_seed = train(_config(vllm_pool, tmp_path, seed=7, out=tmp_path / "e"))
     assert other_seed.data_order_fingerprint != first.data_order_fingerprint
+
+
+def test_block_ess_is_logged_at_every_block_end_whatever_the_log_interval(vllm_pool, tmp_path):
+    result = train(_config(vllm_pool, tmp_path, updates=5, log_every=3, ess_block=2))
+    logged = {record["update"]: record for record in result.metrics}
+    assert sorted(logged) == [0, 1, 3, 4]  # logged updates 0, 3, the last (4), and block ends 1, 3
+    assert logged[1].keys() == {"update", "mismatch/ess_block"} and "mismatch/ess_block" in logged[3]
+    assert "mismatch/ess_block" not in logged[0] and "mismatch/ess_block" not in logged[4]
+    assert 0 < logged[1]["mismatch/ess_block"] <= 1
+
+
+def test_grpo_keeps_its_initial_reference_unless_a_refresh_interval_is_given(vllm_pool, tmp_path):
+    fixed = train(_config(vllm_pool, tmp_path, method="grpo", ref_refresh=None, out=tmp_path / "fixed"))
+    refreshed = train(_config(vllm_pool, tmp_path, method="grpo", ref_refresh=2, out=tmp_path / "every2"))
+    # At update 2 a refreshed reference is the learner itself: s − s_ref = 0; the initial one has moved away.
+    assert refreshed.metrics[2]["ref/log_ratio"] == 0.0 and fixed.metrics[2]["ref/log_ratio"] != 0.0
+    assert fixed.metrics[:2] == refreshed.metrics[:2]
 
 
 def test_resume_reproduces_an_uninterrupted_run(vllm_pool, tmp_path):
@@ -220,6 +255,16 @@ def test_training_errors_are_one_clear_line(vllm_pool, tmp_path):
     with pytest.raises(UserError, match="different tokenizer.*--allow-tokenizer-mismatch"):
         train(replace(config, pool=other, out=tmp_path / "tok"))
     train(replace(config, pool=other, out=tmp_path / "tok", allow_tokenizer_mismatch=True))
+
+    meta = json.loads(pq.read_metadata(vllm_pool).metadata[METADATA_KEY])
+    meta["sampling"]["top_p"] = 0.9
+    truncated = tmp_path / "top-p.parquet"
+    pq.write_table(table.replace_schema_metadata({METADATA_KEY: json.dumps(meta)}), truncated)
+    with pytest.raises(UserError, match="sampled with top-p 0.9: .* pass --allow-truncated-sampling"):
+        train(replace(config, pool=truncated, out=tmp_path / "top-p"))
+    assert not (tmp_path / "top-p").exists()
+    train(replace(config, pool=truncated, out=tmp_path / "top-p", allow_truncated_sampling=True))
+    assert json.loads((tmp_path / "top-p" / "config.json").read_text())["allow_truncated_sampling"] is True
 
     responses = table.column("response_token_ids").to_pylist()
     foreign = table.set_column(
@@ -276,7 +321,13 @@ def test_config_precedence_defaults_preset_file_flags(tmp_path):
     assert (config.method, config.groups_per_batch, config.ref_refresh, config.lr) == ("agro", 4, None, 1e-3)
     assert config.updates == 20 and config.beta == 0.01  # preset, then SPEC default
     assert resolve_config("paper-offline").groups_per_batch == 32
-    assert resolve_config(None, None, method="grpo").effective_ref_refresh is None
+    assert resolve_config(None, None, method="ggpo").ref_refresh == 160
+    # GRPO keeps its fixed reference, also under a preset that tunes T_ref, unless T_ref is chosen
+    assert resolve_config(None, None, method="grpo").ref_refresh is None
+    assert resolve_config("tiny", None, method="grpo-tis").ref_refresh is None
+    assert resolve_config("tiny", None, method="grpo", ref_refresh=320).ref_refresh == 320
+    assert TrainConfig(method="grpo").ref_refresh is None and TrainConfig().ref_refresh == 160
+    assert TrainConfig(method="grpo-tis", ref_refresh=160).to_dict()["ref_refresh"] == 160
     (tmp_path / "bad.toml").write_text("warmup = 3\n")
     with pytest.raises(UserError, match="unknown setting 'warmup'"):
         resolve_config(None, tmp_path / "bad.toml")
@@ -348,7 +399,7 @@ def _logprobs_under(model_dir, batch) -> torch.Tensor:
 def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, tiny_dir, tmp_path):
     import shutil
 
-    from ggpo_offline.train.pi0_cache import Pi0Cache, cache_key, score_pool
+    from ggpo_offline.train.pi0_cache import Pi0Cache, cache_key, numerics, score_pool
 
     pool = tmp_path / "pool.parquet"
     shutil.copy(vllm_pool, pool)
@@ -360,9 +411,13 @@ def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, ti
     index = index_pool(pool)
     batch = MinibatchReader(pool, index, pad_id=0).read(index.mixed_group_ids[[4, 1, 7]].tolist())
     torch.testing.assert_close(cache.logprobs(batch), _logprobs_under(tiny_dir, batch), atol=1e-5, rtol=0)
-    wrong = {**cache_key(pool, tiny_dir, device), "weights_sha256": "0" * 64}
+    key = cache_key(pool, tiny_dir, device, 1.0, sharded=False)
+    assert (key["temperature"], key["numerics"]) == (1.0, "fp32 (cpu)")
     with pytest.raises(UserError, match="is not the π0 cache of this pool and model"):
-        Pi0Cache(cache.path, wrong)
+        Pi0Cache(cache.path, {**key, "weights_sha256": "0" * 64})
+    # FSDP2 computes in bf16 on CUDA (not on CPU): such a learner's π0 has its own cache there.
+    assert score_pool(pool, tiny_dir, device, sharded=True).path == cache.path
+    assert numerics(torch.device("cuda"), sharded=True) != numerics(torch.device("cuda"), sharded=False)
 
 
 def test_scheduled_anchor_passes_equal_what_frozen_copies_would_compute(vllm_pool, tiny_dir, tmp_path):

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ggpo_offline.errors import UserError
-from ggpo_offline.pool.schema import POOL_SCHEMA
+from ggpo_offline.pool.schema import POOL_SCHEMA, open_parquet
 from ggpo_offline.pool.source import open_pool
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.pool.writer import PoolWriter, check_output_path
@@ -19,7 +18,7 @@ GROUPS_PER_ROW_GROUP = 256
 
 def _groups(file: Path) -> Iterator[tuple[int, pa.Table]]:
     """(group_id, rows) of each group of a pool file, in file order, one row group in memory at a time."""
-    parquet = pq.ParquetFile(file)
+    parquet = open_parquet(file)
     pending: pa.Table | None = None  # the rows of a group that may continue in the next row group
     for row_group in range(parquet.num_row_groups):
         table = parquet.read_row_group(row_group, columns=POOL_SCHEMA.names)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ggpo_offline.errors import UserError
-from ggpo_offline.pool.schema import POOL_SCHEMA
+from ggpo_offline.pool.schema import PARQUET_OPTIONS, POOL_SCHEMA, open_parquet
 
 PROGRESS_FILE = "progress.json"
 PROGRESS_VERSION = 1
@@ -91,7 +91,7 @@ class PartialRun:
         """Store one completed batch durably, then record it."""
         self.dir.mkdir(parents=True, exist_ok=True)
         name = f"part-{len(self.parts):06d}.parquet"
-        _write_durably(self.dir / name, lambda tmp: pq.write_table(rows, tmp, compression="zstd"))
+        _write_durably(self.dir / name, lambda tmp: pq.write_table(rows, tmp, **PARQUET_OPTIONS))
         self.parts.append({"file": name, "rows": rows.num_rows, **counters})
         record = {"version": PROGRESS_VERSION, "settings": self.settings, "parts": self.parts}
         _write_durably(
@@ -102,7 +102,7 @@ class PartialRun:
     def tables(self) -> Iterator[pa.Table]:
         """The completed parts' rows, in order."""
         for part in self.parts:
-            yield pq.read_table(self.dir / part["file"], schema=POOL_SCHEMA)
+            yield open_parquet(self.dir / part["file"]).read().cast(POOL_SCHEMA)
 
     def remove(self) -> None:
         """Drop the parts once the pool holding them is in place."""

@@ -1,4 +1,4 @@
-"""The pool's Arrow schema and the metadata key it carries."""
+"""The pool's Arrow schema, the metadata key it carries, and how our Parquet files are written and opened."""
 
 import json
 
@@ -12,6 +12,12 @@ METADATA_KEY = b"ggpo_offline"
 # Metadata sections that readers index into (``meta["model"].get("path")``, ...): when present they must be
 # JSON objects, so a hand-edited or corrupted footer is reported here instead of crashing a reader later.
 METADATA_SECTIONS = ("sampling", "model", "tokenizer", "dataset", "engine", "reward", "prompt_template")
+
+PARQUET_OPTIONS = {"compression": "zstd", "write_page_checksum": True, "store_schema": False}
+"""Every Parquet file we write (pools, parts, π0 caches). Page checksums (CRC-32) let `open_parquet` catch a
+byte flipped inside a value, which the format alone would decode silently. No copy of the Arrow schema in the
+footer: the schema round-trips exactly without it (tested), and the footer's key-value metadata then *is*
+the schema metadata Arrow readers show (``pq.read_schema(pool).metadata``, ``read_table(pool).schema``)."""
 
 POOL_SCHEMA = pa.schema(
     [
@@ -32,11 +38,10 @@ POOL_SCHEMA = pa.schema(
 )
 
 
-def read_pool_metadata(path) -> dict:
-    """A pool's metadata: a file's footer JSON, or a shard directory's shards merged (checked to agree)."""
-    from ggpo_offline.pool.source import open_pool
-
-    return open_pool(path).metadata
+def open_parquet(path) -> pq.ParquetFile:
+    """A Parquet file whose pages are checked against their checksums as they are read (an OSError names a
+    mismatch); files written without checksums read as before."""
+    return pq.ParquetFile(path, page_checksum_verification=True)
 
 
 def read_file_metadata(path) -> dict:

@@ -3,9 +3,8 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from ggpo_offline.errors import UserError
+from ggpo_offline.pool.schema import open_parquet, read_file_metadata
 
 # Metadata every shard of one pool must share: what was sampled, from what, and how it was scored.
 SHARED_KEYS = (
@@ -48,8 +47,6 @@ def shard_files(directory: Path) -> list[Path]:
 
 def open_pool(path: Path | str) -> PoolSource:
     """A pool file, or a directory holding every shard of one sharded run; UserError naming the problem."""
-    from ggpo_offline.pool.schema import read_file_metadata
-
     path = Path(path)
     if path.is_file():
         return PoolSource(path, [path], read_file_metadata(path))
@@ -62,6 +59,11 @@ def open_pool(path: Path | str) -> PoolSource:
     by_index = _check_shards(path, files, metas)
     ordered = [by_index[i] for i in sorted(by_index)]
     return PoolSource(path, [files[i] for i in ordered], merge_metadata([metas[i] for i in ordered]))
+
+
+def read_pool_metadata(path: Path | str) -> dict:
+    """A pool's metadata: a file's footer JSON, or a shard directory's shards merged (checked to agree)."""
+    return open_pool(path).metadata
 
 
 def _check_shards(path: Path, files: list[Path], metas: list[dict]) -> dict[int, int]:
@@ -143,7 +145,7 @@ class RowGroups:
     """The row groups of all of a pool's files under one global numbering (file order, then row group)."""
 
     def __init__(self, files: list[Path]):
-        self.parquets = [pq.ParquetFile(f) for f in files]
+        self.parquets = [open_parquet(f) for f in files]
         self.locations = [(i, rg) for i, p in enumerate(self.parquets) for rg in range(p.num_row_groups)]
 
     def __len__(self) -> int:
@@ -163,32 +165,3 @@ class RowGroups:
     @property
     def num_rows(self) -> int:
         return sum(p.metadata.num_rows for p in self.parquets)
-
-
-def validate_shards(path: Path, batch_size: int = 8192):
-    """Validate a shard directory: the shards agree and are complete, each is a valid pool, and no group id
-    appears in two shards (every shard's groups are distinct prompt positions of one dataset)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    from ggpo_offline.pool.validate import PoolInvalid, ValidationReport, validate_pool
-
-    try:
-        source = open_pool(path)
-    except UserError as exc:
-        raise PoolInvalid(str(exc)) from None
-    reports = [validate_pool(file, batch_size) for file in source.files]
-    seen: dict[int, str] = {}
-    for file in source.files:
-        ids = pc.unique(pq.read_table(file, columns=["group_id"]).column("group_id")).to_numpy()
-        if seen and (clash := np.intersect1d(ids, np.fromiter(seen, dtype=np.int64))).size:
-            gid = int(clash[0])
-            raise PoolInvalid(f"{path}: group {gid} appears in two shards ({seen[gid]} and {file.name})")
-        seen.update(dict.fromkeys(ids.tolist(), file.name))
-    return ValidationReport(
-        path=path,
-        rows=sum(r.rows for r in reports),
-        groups=sum(r.groups for r in reports),
-        group_size=reports[0].group_size,
-        tokens=sum(r.tokens for r in reports),
-    )

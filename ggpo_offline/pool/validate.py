@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ggpo_offline.errors import UserError, one_line
-from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION, read_pool_metadata
+from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION, open_parquet
+from ggpo_offline.pool.source import open_pool, read_pool_metadata
 
 FINISH_REASONS = ("stop", "length")
 
@@ -123,8 +123,8 @@ def _check_batch(path: Path, batch: pa.RecordBatch, start: int) -> int:
     for field in POOL_SCHEMA:
         column = batch.column(field.name)
         try:
-            # Parquet pages are not checksummed: a flipped byte can yield broken list offsets or strings
-            # that are not UTF-8, which only a full validation notices before a reader trips on them.
+            # A pool written without page checksums (older, or by another tool) can hold a flipped byte that
+            # yields broken list offsets or strings that are not UTF-8; only a full validation notices.
             column.validate(full=True)
         except pa.ArrowInvalid as exc:
             rows = f"rows {start}-{start + batch.num_rows - 1}"
@@ -177,15 +177,13 @@ def validate_pool(path: Path | str, batch_size: int = 8192) -> ValidationReport:
     naming the first problem."""
     path = Path(path)
     if path.is_dir():
-        from ggpo_offline.pool.source import validate_shards
-
         return validate_shards(path, batch_size)
     if not path.is_file():
         raise PoolInvalid(f"{path}: no such pool file or directory")
     m = _check_metadata(path)
     rows = tokens = 0
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = open_parquet(path)
         _check_schema(path, parquet.schema_arrow)
         tracker = _GroupTracker(path, m)
         for batch in parquet.iter_batches(batch_size=batch_size, columns=POOL_SCHEMA.names):
@@ -198,8 +196,37 @@ def validate_pool(path: Path | str, batch_size: int = 8192) -> ValidationReport:
             )
             rows += batch.num_rows
     except (OSError, pa.ArrowException, UnicodeDecodeError) as exc:
+        if "CRC checksum" in str(exc):
+            raise PoolInvalid(
+                f"{path}: corrupt data after row {rows}: a page fails its checksum (the file changed after "
+                "it was written)"
+            ) from None
         raise PoolInvalid(f"{path}: unreadable data after row {rows} ({one_line(exc)})") from None
     if rows == 0:
         raise PoolInvalid(f"{path}: the pool has no rows")
     groups = tracker.finish(rows)
     return ValidationReport(path=path, rows=rows, groups=groups, group_size=m, tokens=tokens)
+
+
+def validate_shards(path: Path, batch_size: int = 8192) -> ValidationReport:
+    """Validate a shard directory: the shards agree and are complete, each is a valid pool, and no group id
+    appears in two shards (every shard's groups are distinct prompt positions of one dataset)."""
+    try:
+        source = open_pool(path)
+    except UserError as exc:
+        raise PoolInvalid(str(exc)) from None
+    reports = [validate_pool(file, batch_size) for file in source.files]
+    seen: dict[int, str] = {}
+    for file in source.files:
+        ids = pc.unique(open_parquet(file).read(columns=["group_id"]).column("group_id")).to_numpy()
+        if seen and (clash := np.intersect1d(ids, np.fromiter(seen, dtype=np.int64))).size:
+            gid = int(clash[0])
+            raise PoolInvalid(f"{path}: group {gid} appears in two shards ({seen[gid]} and {file.name})")
+        seen.update(dict.fromkeys(ids.tolist(), file.name))
+    return ValidationReport(
+        path=path,
+        rows=sum(r.rows for r in reports),
+        groups=sum(r.groups for r in reports),
+        group_size=reports[0].group_size,
+        tokens=sum(r.tokens for r in reports),
+    )

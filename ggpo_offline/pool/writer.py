@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ggpo_offline.errors import UserError, writing
-from ggpo_offline.pool.schema import METADATA_KEY, POOL_SCHEMA
+from ggpo_offline.pool.schema import METADATA_KEY, PARQUET_OPTIONS, POOL_SCHEMA
 
 
 def check_output_path(path: Path, overwrite: bool) -> None:
@@ -35,7 +35,7 @@ class PoolWriter:
         self.tmp_path = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with writing(self.path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.tmp_path, POOL_SCHEMA, compression="zstd")
+            self._writer = pq.ParquetWriter(self.tmp_path, POOL_SCHEMA, **PARQUET_OPTIONS)
         self.rows_written = 0
 
     def write_rows(self, rows: list[dict]) -> None:

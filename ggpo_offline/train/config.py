@@ -19,6 +19,9 @@ FORWARD_TOKENS = 4096
 most this many positions (a longer row runs alone), each cut to its own longest row, so padding is small."""
 # GGPO-style learners anchor to a reference refreshed every T_ref updates; GRPO keeps the initial model.
 REFRESHING_METHODS = ("ggpo", "ggpo-clip", "agro")
+PAPER_REF_REFRESH = 160
+METHOD_DEFAULT = "method-default"
+"""``ref_refresh`` not chosen: resolved on construction to the method's own default (`TrainConfig`)."""
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,10 @@ class TrainConfig:
     """KL-regularization strength β of GGPO, GGPO-clip and AGRO."""
     clip: float = 0.05
     """GGPO-clip's per-token clip c_clip of the learner-to-reference log ratio."""
-    ref_refresh: int | None = 160
-    """T_ref: π_ref ← π_θ every T_ref updates (GGPO/AGRO); None = never (GRPO/GRPO+TIS always never)."""
+    ref_refresh: int | None | Literal["method-default"] = METHOD_DEFAULT
+    """T_ref: π_ref ← π_θ every T_ref updates; None = never. Not given: 160 (paper) for GGPO, GGPO-clip and
+    AGRO, never for GRPO and GRPO+TIS (their fixed initial reference); an explicit value applies to every
+    method (the paper's Appendix D.5 runs GRPO with T_ref 160/320)."""
     tis_block: int = 8
     """GRPO+TIS: π_old is recomputed at the start of every block of this many updates."""
     tis_cap: float = 2.0
@@ -81,6 +86,9 @@ class TrainConfig:
     """MLflow experiment; None = the pool's file name."""
     no_tracking: bool = False
     allow_tokenizer_mismatch: bool = False
+    allow_truncated_sampling: bool = False
+    """Train on a pool sampled with top-p < 1 or top-k > 0, whose behavior log-probs (of the truncated
+    distribution) the learner's full-vocabulary log-probs cannot match; refused otherwise."""
     eval_every: int | None = None
     """Evaluate the learner at update 0, every N updates and at the end, with ``ggpo eval``'s protocol
     on the saved checkpoint (sampling settings and dtype of the pool); None = no evaluation."""
@@ -99,6 +107,11 @@ class TrainConfig:
     eval_gpu_memory_fraction: float = 0.3
     """On a GPU, the share of its memory the evaluation's vLLM engine may take beside the learner."""
 
+    def __post_init__(self) -> None:
+        if self.ref_refresh == METHOD_DEFAULT:
+            default = PAPER_REF_REFRESH if self.method in REFRESHING_METHODS else None
+            object.__setattr__(self, "ref_refresh", default)
+
     @property
     def run_name(self) -> str:
         return f"{self.method}-s{self.seed}"
@@ -106,11 +119,6 @@ class TrainConfig:
     @property
     def run_dir(self) -> Path:
         return self.out if self.out is not None else Path("runs") / Path(self.pool).stem / self.run_name
-
-    @property
-    def effective_ref_refresh(self) -> int | None:
-        """T_ref as applied: GRPO and GRPO+TIS keep the fixed initial reference."""
-        return self.ref_refresh if self.method in REFRESHING_METHODS else None
 
     def to_dict(self) -> dict:
         """JSON-ready values (paths as strings, tuples as lists), as stored in config.json."""
@@ -205,14 +213,18 @@ def load_config_file(path: Path) -> dict:
 
 
 def resolve_config(preset: str | None = None, config_file: Path | None = None, **overrides) -> TrainConfig:
-    """Defaults < preset < config file < flags (``None`` flags are not given)."""
+    """Defaults < preset < config file < flags (``None`` flags are not given).
+
+    A preset's T_ref tunes the refreshing learners: GRPO and GRPO+TIS keep their fixed reference unless the
+    file or a flag sets ``ref_refresh``."""
     if preset is not None and preset not in PRESETS:
         raise UserError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     values = dict(PRESETS.get(preset or "paper-offline", {}))
-    if config_file is not None:
-        values.update(load_config_file(config_file))
-    values.update(_normalize({k: v for k, v in overrides.items() if v is not None}, "flags"))
-    config = TrainConfig(**values)
+    chosen = load_config_file(config_file) if config_file is not None else {}
+    chosen.update(_normalize({k: v for k, v in overrides.items() if v is not None}, "flags"))
+    if chosen.get("method", values.get("method", TrainConfig.method)) not in REFRESHING_METHODS:
+        values.pop("ref_refresh", None)
+    config = TrainConfig(**{**values, **chosen})
     validate_config(config)
     return config
 

@@ -60,6 +60,20 @@ def device_of(ranks: Ranks = SINGLE_PROCESS) -> torch.device:
     return torch.device("cuda", ranks.local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def compute_dtype(device: torch.device, sharded: bool) -> torch.dtype:
+    """The dtype the learner's weights compute in: bf16 when FSDP2 shards them on CUDA (its mixed-precision
+    policy gathers bf16 copies), else fp32 (CUDA's bf16 autocast casts only the matmul inputs)."""
+    return torch.bfloat16 if sharded and device.type == "cuda" else torch.float32
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The parameters (not the buffers, e.g. rotary tables) in ``dtype``, as FSDP2's mixed-precision policy
+    computes with them: a model cast so gives the sharded learner's log-probs exactly (tested)."""
+    for parameter in model.parameters():
+        parameter.data = parameter.data.to(dtype)
+    return model
+
+
 def check_split(groups_per_batch: int, ranks: Ranks) -> None:
     if groups_per_batch % ranks.world:
         raise UserError(
@@ -120,10 +134,8 @@ def wrap(module: torch.nn.Module, ranks: Ranks, fsdp: bool) -> torch.nn.Module:
         return DistributedDataParallel(module, device_ids=device_ids, forward_sync_buffers=False)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if torch.cuda.is_available()
-        else MixedPrecisionPolicy()
+    policy = MixedPrecisionPolicy(
+        param_dtype=compute_dtype(device_of(ranks), True), reduce_dtype=torch.float32
     )
     for layer in module.model.get_decoder().layers:
         fully_shard(layer, mp_policy=policy)

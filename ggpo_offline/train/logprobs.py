@@ -51,8 +51,12 @@ def response_logprobs(
     with_entropy: bool = False,
     chunk_tokens: int | None = None,
     forward_tokens: int | None = FORWARD_TOKENS,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log π(a_t | x, a_<t)`` for every response token, ``(B, T)``; padding positions hold 0.
+
+    π is the model's distribution at the pool's sampling ``temperature``: softmax(logits / T), the
+    distribution the engine sampled from and stored log-probs of (the entropy is that distribution's too).
 
     The decoder runs over prompt + response in length-sorted forwards (`length_buckets`), each cut to its
     own longest row, so little compute goes to padding; the output head and the fp32 log-softmax then run
@@ -65,7 +69,7 @@ def response_logprobs(
     if getattr(head, "bias", None) is not None or any(
         getattr(model.config, key, None) for key in LOGIT_POSTPROCESSING
     ):
-        return full_vocab_logprobs(model, batch, with_entropy)
+        return full_vocab_logprobs(model, batch, with_entropy, temperature)
     _check_vocabulary(model, batch)
     device = next(model.parameters()).device
     lengths = batch.attention_mask.sum(dim=1)
@@ -85,7 +89,12 @@ def response_logprobs(
     index = (torch.cat(token_rows).to(device), torch.cat(token_cols).to(device))
     chunk_tokens = chunk_tokens or max(1, CHUNK_LOGITS // head.weight.shape[0])
     logp_flat, entropy_flat = TokenLogprobs.apply(
-        torch.cat(states), head.weight, batch.response_ids.to(device)[index], with_entropy, chunk_tokens
+        torch.cat(states),
+        head.weight,
+        batch.response_ids.to(device)[index],
+        with_entropy,
+        chunk_tokens,
+        temperature,
     )
     shape = batch.response_ids.shape
     logp = torch.zeros(shape, device=device).index_put(index, logp_flat)
@@ -110,30 +119,36 @@ class ResponseLogprobs(torch.nn.Module):
     """A causal LM whose forward is `response_logprobs`: one module call per micro-batch, so DDP's and
     FSDP2's hooks (gradient reduction, parameter gathering) see every use of the weights, head included."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, temperature: float = 1.0):
         super().__init__()
         self.model = model
+        self.temperature = temperature
 
     def forward(
         self, batch: Minibatch, with_entropy: bool = False, forward_tokens: int | None = FORWARD_TOKENS
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return response_logprobs(self.model, batch, with_entropy, forward_tokens=forward_tokens)
+        return response_logprobs(
+            self.model, batch, with_entropy, forward_tokens=forward_tokens, temperature=self.temperature
+        )
 
 
 class TokenLogprobs(torch.autograd.Function):
-    """``log softmax(h W^T)[target]`` (and the entropy) per token, chunk by chunk, never keeping logits.
+    """``log softmax(h W^T / τ)[target]`` (and the entropy) per token, chunk by chunk, never keeping logits.
 
-    forward: per chunk, logits ``l`` → fp32 log-normalizer ``z = logsumexp(l)`` → ``logp = l[target] − z``;
-    the entropy (a detached diagnostic) reuses the same exponentials: ``H = −Σ p log p = z − Σ p·l``, equal to
-    ``diagnostics.token_entropy``. backward recomputes each chunk's logits and uses
-    ``∂logp/∂l = onehot(target) − softmax``, in place, so only ``h``, ``W``, targets and ``z`` are saved.
+    forward: per chunk, logits ``l = h W^T / τ`` (τ the sampling temperature) → fp32 log-normalizer
+    ``z = logsumexp(l)`` → ``logp = l[target] − z``; the entropy (a detached diagnostic) reuses the same
+    exponentials: ``H = −Σ p log p = z − Σ p·l``, equal to ``diagnostics.token_entropy``. backward
+    recomputes each chunk's logits and uses ``∂logp/∂l = onehot(target) − softmax`` (times 1/τ for the raw
+    logits), in place, so only ``h``, ``W``, targets and ``z`` are saved.
     """
 
     @staticmethod
-    def forward(ctx, states, weight, targets, with_entropy: bool, chunk_tokens: int):
+    def forward(
+        ctx, states, weight, targets, with_entropy: bool, chunk_tokens: int, temperature: float = 1.0
+    ):
         logps, entropies, normalizers = [], [], []
         for start in range(0, states.shape[0], chunk_tokens):
-            logits = _logits(states[start : start + chunk_tokens], weight)
+            logits = _logits(states[start : start + chunk_tokens], weight, temperature)
             picked = logits.gather(-1, targets[start : start + chunk_tokens, None])[:, 0]
             if with_entropy:
                 peak = logits.amax(dim=-1, keepdim=True)
@@ -146,7 +161,7 @@ class TokenLogprobs(torch.autograd.Function):
             logps.append(picked - normalizer)
             normalizers.append(normalizer)
         ctx.save_for_backward(states, weight, targets, torch.cat(normalizers))
-        ctx.chunk_tokens = chunk_tokens
+        ctx.chunk_tokens, ctx.temperature = chunk_tokens, temperature
         ctx.mark_non_differentiable(*([torch.cat(entropies)] if with_entropy else []))
         return torch.cat(logps), torch.cat(entropies) if with_entropy else None
 
@@ -158,10 +173,10 @@ class TokenLogprobs(torch.autograd.Function):
         grad_weight = torch.zeros_like(weight, dtype=torch.float32)
         for start in range(0, states.shape[0], ctx.chunk_tokens):
             chunk = slice(start, start + ctx.chunk_tokens)
-            h, g, picked = states[chunk], grad_logp[chunk, None], targets[chunk]
+            h, g, picked = states[chunk], grad_logp[chunk, None] / ctx.temperature, targets[chunk]
             # ∂logp/∂l = onehot(target) − softmax. The softmax is built in the recomputed logits' memory and
             # g scales the small (tokens, H) operands, never the (tokens, V) one.
-            probs = _logits(h, weight).sub_(normalizers[chunk, None]).exp_().to(h.dtype)
+            probs = _logits(h, weight, ctx.temperature).sub_(normalizers[chunk, None]).exp_().to(h.dtype)
             grad_states[chunk] = g * (w[picked] - probs @ w)
             scaled = (g * h).to(h.dtype)
             if h.dtype == grad_weight.dtype:
@@ -169,18 +184,20 @@ class TokenLogprobs(torch.autograd.Function):
             else:  # bf16 matmul under CUDA autocast, fp32 accumulation
                 grad_weight -= (probs.T @ scaled).float()
             grad_weight.index_add_(0, picked, scaled.float())
-        return grad_states, grad_weight.to(weight.dtype), None, None, None
+        return grad_states, grad_weight.to(weight.dtype), None, None, None, None
 
 
-def _logits(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """fp32 logits of a chunk; the matmul runs in the hidden states' dtype (bf16 under CUDA autocast)."""
-    return (states @ weight.to(states.dtype).T).float()
+def _logits(states: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 logits of a chunk divided by the temperature (as the engines do); the matmul runs in the hidden
+    states' dtype (bf16 under CUDA autocast)."""
+    logits = (states @ weight.to(states.dtype).T).float()
+    return logits if temperature == 1.0 else logits.div_(temperature)
 
 
 def full_vocab_logprobs(
-    model: torch.nn.Module, batch: Minibatch, with_entropy: bool = False
+    model: torch.nn.Module, batch: Minibatch, with_entropy: bool = False, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The straightforward computation: full logits, then an fp32 log-softmax over ``(B, T, V)``.
+    """The straightforward computation: full logits / temperature, then an fp32 log-softmax (B, T, V).
 
     The reference that ``response_logprobs`` is tested and benchmarked against.
     """
@@ -190,7 +207,7 @@ def full_vocab_logprobs(
             input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device)
         ).logits  # (B, L, V)
     positions = _response_positions(batch, logits.shape[1], device)
-    picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1])).float()  # (B, T, V)
+    picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1])).float() / temperature
     log_probs = torch.log_softmax(picked, dim=-1)
     mask = batch.mask.to(device)
     logp = log_probs.gather(-1, batch.response_ids.to(device)[..., None])[..., 0] * mask

@@ -2,8 +2,9 @@
 
 GRPO and GRPO+TIS keep the initial model as their reference, and GGPO/AGRO use it until their first
 refresh, so a comparison needs π0's log-probs of the same responses in every run. ``score_pool`` computes
-them once under trainer numerics and stores them beside the pool, keyed by the pool fingerprint, the
-model's weight hash and the numerics; ``Pi0Cache`` serves them per minibatch and refuses a mismatch.
+them once with the learner's numerics and stores them beside the pool, keyed by the pool fingerprint, the
+model's weight hash, the numerics and the pool's sampling temperature; ``Pi0Cache`` serves them per
+minibatch and refuses a mismatch.
 """
 
 import json
@@ -19,12 +20,14 @@ import torch
 
 from ggpo_offline.errors import UserError, writing
 from ggpo_offline.model_io import initial_model_dir, load_tokenizer, weights_sha256
-from ggpo_offline.pool.schema import read_pool_metadata
+from ggpo_offline.pool.schema import PARQUET_OPTIONS, open_parquet
+from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
-from ggpo_offline.train.distributed import device_of
+from ggpo_offline.train.distributed import cast_parameters, compute_dtype, device_of
 from ggpo_offline.train.logprobs import response_logprobs
 from ggpo_offline.train.plan import index_pool, pool_fingerprint
+from ggpo_offline.train.sampling import pool_temperature
 
 CACHE_KEY = b"ggpo_offline_pi0"
 CACHE_SCHEMA = pa.schema(
@@ -37,9 +40,12 @@ CACHE_SCHEMA = pa.schema(
 GROUPS_PER_PASS = 8
 
 
-def numerics(device: torch.device) -> str:
-    """Trainer numerics of a log-prob pass: the cache is only valid for the same ones."""
-    return "fp32 weights, bf16 autocast (cuda)" if device.type == "cuda" else "fp32 (cpu)"
+def numerics(device: torch.device, sharded: bool = False) -> str:
+    """The learner's numerics (`compute_dtype`, autocast): a cache is only valid for the same ones."""
+    if device.type != "cuda":
+        return "fp32 (cpu)"
+    weights = "bf16 weights (FSDP2)" if compute_dtype(device, sharded) == torch.bfloat16 else "fp32 weights"
+    return f"{weights}, bf16 autocast (cuda)"
 
 
 def cache_path(pool: Path, key: dict) -> Path:
@@ -52,12 +58,13 @@ def cache_path(pool: Path, key: dict) -> Path:
     return Path.home() / ".cache" / "ggpo-offline" / "pi0" / f"{key['pool_fingerprint'][:16]}-{name}"
 
 
-def cache_key(pool: Path, model_dir: Path, device: torch.device) -> dict:
-    """What a cache is valid for: this pool's data, these initial weights, these numerics."""
+def cache_key(pool: Path, model_dir: Path, device: torch.device, temperature: float, sharded: bool) -> dict:
+    """What a cache is valid for: this pool's data, these initial weights, numerics and temperature."""
     return {
         "pool_fingerprint": pool_fingerprint(pool),
         "weights_sha256": weights_sha256(model_dir),
-        "numerics": numerics(device),
+        "numerics": numerics(device, sharded),
+        "temperature": temperature,
     }
 
 
@@ -74,15 +81,18 @@ def score_pool(
     model_dir: Path,
     device: torch.device,
     on_progress: Callable[[int, int], None] | None = None,
+    sharded: bool = False,
 ) -> "Pi0Cache":
-    """Write (or find) the π0 cache of ``pool`` for ``model_dir`` and open it.
+    """Write (or find) the π0 cache of ``pool`` for ``model_dir`` and open it; ``sharded``: for a learner
+    that FSDP2 shards (on CUDA its weights compute in bf16, and so do π0's here).
 
-    An existing cache is reused only when its key (pool fingerprint, weights sha256, numerics) matches;
-    a stale one is replaced. Written through a temporary file renamed into place.
+    An existing cache is reused only when its key (pool fingerprint, weights sha256, numerics, sampling
+    temperature) matches; a stale one is replaced. Written through a temporary file renamed into place.
     """
     from transformers import AutoModelForCausalLM
 
-    key = cache_key(pool, model_dir, device)
+    temperature = pool_temperature(pool, read_pool_metadata(pool))
+    key = cache_key(pool, model_dir, device, temperature, sharded)
     target = cache_path(pool, key)
     if target.is_file() and _read_key(target) == key:
         return Pi0Cache(target, key)
@@ -90,16 +100,17 @@ def score_pool(
     tokenizer = load_tokenizer(model_dir)
     reader = MinibatchReader(pool, index, pad_id=tokenizer.pad_token_id or 0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+    cast_parameters(model, compute_dtype(device, sharded))
     groups = index.mixed_group_ids.tolist()
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     with writing(target):  # disk full or folder not writable: one UserError naming the cache
         target.parent.mkdir(parents=True, exist_ok=True)
-        writer = pq.ParquetWriter(tmp, CACHE_SCHEMA, compression="zstd")
+        writer = pq.ParquetWriter(tmp, CACHE_SCHEMA, **PARQUET_OPTIONS)
     try:
         for start in range(0, len(groups), GROUPS_PER_PASS):
             batch = reader.read(groups[start : start + GROUPS_PER_PASS])
             with torch.no_grad():
-                logp = response_logprobs(model, batch)[0].cpu()
+                logp = response_logprobs(model, batch, temperature=temperature)[0].cpu()
             lengths = batch.mask.sum(dim=1).long().tolist()
             table = pa.table(
                 {
@@ -142,7 +153,7 @@ class Pi0Cache:
         if _read_key(path) != key:
             raise UserError(f"{path} is not the π0 cache of this pool and model; run `ggpo pool score` again")
         self.path = path
-        self.parquet = pq.ParquetFile(path)
+        self.parquet = open_parquet(path)
         self.row_groups_of: dict[int, list[int]] = {}
         for row_group in range(self.parquet.num_row_groups):
             ids = self.parquet.read_row_group(row_group, columns=["group_id"]).column("group_id")

@@ -16,7 +16,7 @@ from ggpo_offline.errors import UserError
 from ggpo_offline.evaluate import Evaluator, write_json
 from ggpo_offline.losses import LOSSES, method_needs
 from ggpo_offline.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
-from ggpo_offline.pool.schema import read_pool_metadata
+from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
 from ggpo_offline.train.checkpoint import checkpoint_dir, latest_checkpoint, load_state, save_checkpoint
@@ -40,6 +40,7 @@ from ggpo_offline.train.evaluation import eval_config, eval_due, eval_metrics, e
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.pi0_cache import Pi0Cache, score_pool
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
+from ggpo_offline.train.sampling import check_sampling
 
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
@@ -108,10 +109,12 @@ class Trainer:
         read_update: Callable[[int], Minibatch],
         pi0: Pi0Cache | None,
         ranks: Ranks = SINGLE_PROCESS,
+        temperature: float = 1.0,
     ):
         """``weights``: the initial model or the checkpoint being resumed; ``read_update(u)`` gives this
         rank's share of the minibatch of update u; ``pi0`` serves the initial model's log-probs (needed by
-        every method with a reference)."""
+        every method with a reference); ``temperature``: the pool's sampling temperature, which every
+        log-prob of the run uses (`pool_temperature`)."""
         from transformers import AutoModelForCausalLM
 
         self.config = config
@@ -119,7 +122,7 @@ class Trainer:
         self.device = device_of(ranks)
         self.tokenizer = load_tokenizer(weights)
         self.model = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32).to(self.device)
-        self.learner = wrap(ResponseLogprobs(self.model), ranks, config.fsdp)
+        self.learner = wrap(ResponseLogprobs(self.model, temperature), ranks, config.fsdp)
         self.learner.train()
         self.sharded = ranks.distributed and config.fsdp
         # FSDP2 gathers a layer's weights at every decoder call, so all ranks must make the same calls:
@@ -188,7 +191,7 @@ class Trainer:
         A refresh runs the current weights without gradients over the minibatches the new anchor will
         serve (the next T_ref updates, or the TIS block), exactly what a frozen copy would compute then.
         """
-        t_ref, block, last = self.config.effective_ref_refresh, self.config.tis_block, self.config.updates
+        t_ref, block, last = self.config.ref_refresh, self.config.tis_block, self.config.updates
         if self.needs_ref and t_ref and self.update > 0 and self.update % t_ref == 0:
             self.ref_window = self._anchor_pass(range(self.update, min(self.update + t_ref, last)))
         if self.needs_old and self.update % block == 0:
@@ -377,6 +380,7 @@ def train(
     model_dir = initial_model_dir(config.model, pool_meta)
     tokenizer = load_tokenizer(model_dir)
     check_tokenizer(config, pool_meta, tokenizer)
+    temperature = check_sampling(pool, pool_meta, config.allow_truncated_sampling)
     index = index_pool(pool)
     plan = plan_minibatches(index, config.seed, config.updates, config.groups_per_batch)
     fingerprints = {
@@ -398,17 +402,18 @@ def train(
     pi0 = None
     if "ref_logp" in method_needs(config.method):
         # Scored once per pool and model (a no-op when the cache exists), shared by every run on the pool.
+        sharded = ranks.distributed and config.fsdp
         if ranks.main:
-            score_pool(pool, model_dir, device_of(ranks))
+            score_pool(pool, model_dir, device_of(ranks), sharded=sharded)
         barrier(ranks)
-        pi0 = score_pool(pool, model_dir, device_of(ranks))
+        pi0 = score_pool(pool, model_dir, device_of(ranks), sharded=sharded)
     reader = MinibatchReader(pool, index, pad_id=tokenizer.pad_token_id or 0)
 
     def read_update(update: int) -> Minibatch:
         return reader.read(rank_groups(plan[update].tolist(), ranks))
 
     torch.manual_seed(config.seed)
-    trainer = Trainer(config, checkpoint or model_dir, read_update, pi0, ranks)
+    trainer = Trainer(config, checkpoint or model_dir, read_update, pi0, ranks, temperature)
     run_id = None
     if checkpoint is not None:
         run_state, rank_state = load_state(checkpoint, ranks.rank)
@@ -426,7 +431,8 @@ def train(
         enabled=not config.no_tracking and ranks.main,
     )
     if run_id is None and ranks.main:
-        tracker.log_params({**config.to_dict(), "model_dir": str(model_dir)})
+        sampling = {f"pool_{k}": v for k, v in pool_meta.get("sampling", {}).items() if k != "seed"}
+        tracker.log_params({**config.to_dict(), "model_dir": str(model_dir), **sampling})
         tracker.set_tags({**fingerprints, "ggpo_offline_version": __version__, "method": config.method})
         tracker.log_dict(config.to_dict(), "config.json")
         (run_dir / "config.json").write_text(json.dumps({**config.to_dict(), **fingerprints}, indent=2))
@@ -464,6 +470,8 @@ def train(
             metrics = trainer.step(read_update(update))
             if update % config.log_every == 0 or trainer.update == config.updates:
                 record.update(metrics)
+            elif "mismatch/ess_block" in metrics:  # a block's ESS exists only at its last update
+                record["mismatch/ess_block"] = metrics["mismatch/ess_block"]
             if len(record) > 1:
                 pending.append(record)
             if on_update is not None:
