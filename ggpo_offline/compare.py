@@ -11,12 +11,13 @@ from ggpo_offline import __version__
 from ggpo_offline.engines import Engine
 from ggpo_offline.errors import UserError
 from ggpo_offline.evaluate import Evaluator
+from ggpo_offline.learners import METHODS
 from ggpo_offline.model_io import initial_model_dir
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, load_run, write_figures, write_tables
-from ggpo_offline.train.config import METHODS, TrainConfig, resolve_config
+from ggpo_offline.train.config import TrainConfig, resolve_config
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
 
 # The train modules that load torch and transformers are imported inside the functions that train, so a

@@ -12,10 +12,11 @@ from ggpo_offline import __version__
 from ggpo_offline.datasets import load_dataset
 from ggpo_offline.engines import Engine, SamplingSettings, load_engine
 from ggpo_offline.errors import UserError, writing
+from ggpo_offline.eval_defaults import DEFAULT_DATASETS, DEFAULT_KS
 from ggpo_offline.model_io import (
     load_tokenizer,
+    model_name,
     resolve_model_dir,
-    tiny_model_dir,
     tokenizer_sha256,
     weights_sha256,
 )
@@ -34,8 +35,6 @@ from ggpo_offline.rollout import (
     sampling_checks,
 )
 
-DEFAULT_DATASETS = ("arith:test",)
-DEFAULT_KS = (1, 4, 8, 16, 32)
 DEFAULT_ARITH_PROBLEMS = 500
 DATASET_SEED = 0
 """Seed of the arith draw: fixed, so that every sampling seed is evaluated on the same problems."""
@@ -425,9 +424,7 @@ def _report(
         "settings": {
             "model": {
                 "path": str(model_dir),
-                "name": "embedded:tiny"
-                if model_dir.resolve() == tiny_model_dir().resolve()
-                else str(model_dir),
+                "name": model_name(model_dir),
                 "weights_sha256": weights,
             },
             "sampling": {
@@ -447,10 +444,6 @@ def _report(
             "seconds": round(seconds, 2),
         },
     }
-
-
-def _model_name(model_dir: Path) -> str:
-    return "embedded:tiny" if model_dir.resolve() == tiny_model_dir().resolve() else str(model_dir)
 
 
 def _check_report_path(path: Path, overwrite: bool) -> None:

@@ -12,7 +12,13 @@ from ggpo_offline import __version__
 from ggpo_offline.datasets import load_dataset
 from ggpo_offline.engines import Engine, SamplingSettings, load_engine
 from ggpo_offline.errors import UserError
-from ggpo_offline.model_io import load_tokenizer, resolve_model_dir, tokenizer_sha256, weights_sha256
+from ggpo_offline.model_io import (
+    EMBEDDED_MODEL,
+    load_tokenizer,
+    resolve_model_dir,
+    tokenizer_sha256,
+    weights_sha256,
+)
 from ggpo_offline.pool.partial import PartialRun
 from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter, check_output_path
@@ -338,7 +344,7 @@ def _metadata(
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": {
             "path": str(model_dir),
-            "name": config.model or "embedded:tiny",
+            "name": config.model or EMBEDDED_MODEL,
             "weights_sha256": identity["weights_sha256"],
         },
         "tokenizer": {"sha256": identity["tokenizer_sha256"], "class": type(tokenizer).__name__},

@@ -18,9 +18,7 @@ gradients gets exactly the full-minibatch gradient (and the summed losses equal 
 are normalized the same way (they sum over micro-batches); per-response and per-group stats concatenate.
 """
 
-import inspect
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -322,21 +320,3 @@ def grpo_tis_loss(
         "tis_clip_frac": _token_sum_over(raw_w > tis_cap, mask, T_tok),
     }
     return LossOutput(loss, stats)
-
-
-LOSSES: dict[str, Callable[..., LossOutput]] = {
-    "ggpo": ggpo_loss,
-    "ggpo-clip": ggpo_clip_loss,
-    "agro": agro_loss,
-    "grpo": grpo_loss,
-    "grpo-tis": grpo_tis_loss,
-}
-
-
-def method_needs(method: str) -> set[str]:
-    """The constant log-prob inputs the method's loss takes besides logp (of "ref_logp", "behavior_logp",
-    "old_logp"), read from its signature, so a trainer prepares only those."""
-    if method not in LOSSES:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(LOSSES)}")
-    parameters = inspect.signature(LOSSES[method]).parameters
-    return {name for name in parameters if name.endswith("_logp")}

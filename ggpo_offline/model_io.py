@@ -7,11 +7,18 @@ from pathlib import Path
 from ggpo_offline.errors import UserError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+EMBEDDED_MODEL = "embedded:tiny"
+"""How metadata names the shipped tiny model (its path differs between installs)."""
 
 
 def tiny_model_dir() -> Path:
     """The folder of the shipped tiny model (package data)."""
     return Path(__file__).parent / "tiny_model"
+
+
+def model_name(model_dir: Path) -> str:
+    """EMBEDDED_MODEL for the shipped tiny model, else the folder's path."""
+    return EMBEDDED_MODEL if Path(model_dir).resolve() == tiny_model_dir().resolve() else str(model_dir)
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
@@ -89,4 +96,4 @@ def initial_model_dir(model: str | None, pool_meta: dict) -> Path:
     if model is not None:
         return resolve_model_dir(model)
     model = pool_meta.get("model", {})
-    return resolve_model_dir(None if model.get("name") == "embedded:tiny" else model.get("path"))
+    return resolve_model_dir(None if model.get("name") == EMBEDDED_MODEL else model.get("path"))

@@ -9,22 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggpo_offline.errors import UserError
+from ggpo_offline.learners import LEARNERS
 
-METHOD_NAMES = {
-    "grpo": "GRPO",
-    "grpo-tis": "GRPO+TIS",
-    "agro": "AGRO",
-    "ggpo": "GGPO",
-    "ggpo-clip": "GGPO-clip",
-}
-# The paper's Figure 4 colors (GRPO orange, GRPO+TIS purple dashed, AGRO green, GGPO blue).
-METHOD_STYLES = {
-    "grpo": {"color": "#ff7f0e", "linestyle": "-"},
-    "grpo-tis": {"color": "#9467bd", "linestyle": "--"},
-    "agro": {"color": "#2ca02c", "linestyle": "-"},
-    "ggpo": {"color": "#1f77b4", "linestyle": "-"},
-    "ggpo-clip": {"color": "#d62728", "linestyle": "-."},
-}
 SUITE = "suite"
 FIGURES = ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png")
 
@@ -180,7 +166,7 @@ def paper_findings(records: list[RunRecord], methods: list[str], scope: str) -> 
 
 
 def _display(method: str) -> str:
-    return "base model" if method == "base" else METHOD_NAMES.get(method, method)
+    return "base model" if method == "base" else LEARNERS[method].label if method in LEARNERS else method
 
 
 def write_tables(records: list[RunRecord], methods: list[str], seeds: list[int], out: Path) -> str:
@@ -262,10 +248,10 @@ def _plot_accuracy(ax, records: list[RunRecord], methods: list[str], scope: str)
         updates = sorted(row)
         means = [row[u].mean for u in updates]
         stds = [0.0 if math.isnan(row[u].std) else row[u].std for u in updates]
-        ax.plot(updates, means, marker="o", markersize=3, label=_display(method), **METHOD_STYLES[method])
+        ax.plot(updates, means, marker="o", markersize=3, label=_display(method), **LEARNERS[method].style)
         low = [m - s for m, s in zip(means, stds, strict=True)]
         high = [m + s for m, s in zip(means, stds, strict=True)]
-        ax.fill_between(updates, low, high, color=METHOD_STYLES[method]["color"], alpha=0.18, linewidth=0)
+        ax.fill_between(updates, low, high, color=LEARNERS[method].style["color"], alpha=0.18, linewidth=0)
     what = "suite" if scope == SUITE else scope
     ax.set_title(f"{what} mean@{n} (%), ±1 std over seeds")
     ax.set_xlabel("optimizer updates")
@@ -285,7 +271,7 @@ def _plot_diagnostic(ax, records: list[RunRecord], key: str, title: str, log: bo
         if log:
             values = [max(v, 1e-12) for v in values]  # an exact 0 cannot sit on a log axis
         marker = "o" if len(values) <= 20 else None  # sparse series (block ESS): show where the points are
-        style = METHOD_STYLES[record.method]
+        style = LEARNERS[record.method].style
         ax.plot(
             updates,
             values,

@@ -1,5 +1,6 @@
 """The learners against hand transcriptions of SPEC.md, their gradients, micro-batching and paper Figure 6."""
 
+import inspect
 import math
 
 import pytest
@@ -7,14 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ggpo_offline.losses import (
-    LOSSES,
-    agro_loss,
-    ggpo_loss,
-    grpo_loss,
-    grpo_tis_loss,
-    method_needs,
-)
+from ggpo_offline.learners import LEARNERS, learner
+from ggpo_offline.losses import agro_loss, ggpo_loss, grpo_loss, grpo_tis_loss
 
 TOL = dict(rtol=1e-9, atol=1e-12)
 BETA = 0.1
@@ -61,9 +56,9 @@ def make_batch(G: int = 3, m: int = 4, T: int = 6, seed: int = 0) -> dict:
 
 
 def call(name: str, batch: dict, rows: slice = slice(None), **kwargs):
-    """Run LOSSES[name] on rows of the batch, passing only the inputs method_needs names."""
-    inputs = {key: batch[key][rows] for key in method_needs(name)}
-    return LOSSES[name](
+    """Run the learner's loss on rows of the batch, passing only the inputs its record needs."""
+    inputs = {key: batch[key][rows] for key in LEARNERS[name].needs}
+    return LEARNERS[name].loss(
         batch["logp"][rows],
         mask=batch["mask"][rows],
         rewards=batch["rewards"][rows],
@@ -255,7 +250,7 @@ def test_grpo_matches_spec_token_by_token(name):
 # --- micro-batching --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("name", sorted(LEARNERS))
 def test_micro_batches_with_global_token_count_sum_to_the_full_batch(name):
     batch = make_batch(G=4, m=4, seed=7)
     m, T_tok = batch["m"], int(batch["mask"].sum())
@@ -272,7 +267,7 @@ def test_micro_batches_with_global_token_count_sum_to_the_full_batch(name):
         assert not value.requires_grad
 
 
-@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("name", sorted(LEARNERS))
 def test_bool_mask_gives_the_float_mask_result(name):
     batch = make_batch(seed=8)
     full = call(name, batch)
@@ -281,12 +276,26 @@ def test_bool_mask_gives_the_float_mask_result(name):
     torch.testing.assert_close(grad_of(as_bool.loss, batch["logp"]), grad_of(full.loss, batch["logp"]), **TOL)
 
 
-def test_method_needs_and_group_validation():
-    assert method_needs("ggpo") == method_needs("ggpo-clip") == method_needs("agro") == {"ref_logp"}
-    assert method_needs("grpo") == {"ref_logp", "behavior_logp"}
-    assert method_needs("grpo-tis") == {"ref_logp", "behavior_logp", "old_logp"}
-    with pytest.raises(ValueError, match="unknown method"):
-        method_needs("ppo")
+@pytest.mark.parametrize("name", sorted(LEARNERS))
+def test_each_registry_record_matches_its_loss_signature_and_the_config(name):
+    """A renamed keyword or input fails here instead of silently falling back to the loss's default."""
+    from dataclasses import fields
+
+    from ggpo_offline.train.config import TrainConfig
+
+    record = LEARNERS[name]
+    parameters = inspect.signature(record.loss).parameters
+    keywords = {p for p, v in parameters.items() if v.kind is v.KEYWORD_ONLY} - {"group_size", "token_count"}
+    assert set(record.hyperparameters) == keywords
+    assert set(record.hyperparameters) <= {f.name for f in fields(TrainConfig)}
+    assert set(record.needs) == {p for p in parameters if p.endswith("_logp") and p != "logp"}
+    assert record.refreshes_reference == (TrainConfig(method=name).ref_refresh is not None)
+
+
+def test_registry_lookup_and_group_validation():
+    assert learner("grpo-tis").needs == ("old_logp", "behavior_logp", "ref_logp")
+    with pytest.raises(ValueError, match="unknown method 'ppo'; choose from ggpo, ggpo-clip"):
+        learner("ppo")
     batch = make_batch(G=2, m=4)
     with pytest.raises(ValueError, match="do not split into groups of 3"):
         ggpo_loss(batch["logp"], batch["ref_logp"], batch["mask"], batch["rewards"], group_size=3, beta=BETA)

@@ -10,15 +10,12 @@ from typing import Literal
 import tomllib
 
 from ggpo_offline.errors import UserError
-from ggpo_offline.evaluate import DEFAULT_DATASETS, DEFAULT_KS
+from ggpo_offline.eval_defaults import DEFAULT_DATASETS, DEFAULT_KS
+from ggpo_offline.learners import LEARNERS
 
-Method = Literal["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis"]
-METHODS: tuple[str, ...] = ("ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis")
 FORWARD_TOKENS = 4096
 """Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at
 most this many positions (a longer row runs alone), each cut to its own longest row, so padding is small."""
-# GGPO-style learners anchor to a reference refreshed every T_ref updates; GRPO keeps the initial model.
-REFRESHING_METHODS = ("ggpo", "ggpo-clip", "agro")
 PAPER_REF_REFRESH = 160
 METHOD_DEFAULT = "method-default"
 """``ref_refresh`` not chosen: resolved on construction to the method's own default (`TrainConfig`)."""
@@ -109,7 +106,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.ref_refresh == METHOD_DEFAULT:
-            default = PAPER_REF_REFRESH if self.method in REFRESHING_METHODS else None
+            refreshes = self.method in LEARNERS and LEARNERS[self.method].refreshes_reference
+            default = PAPER_REF_REFRESH if refreshes else None
             object.__setattr__(self, "ref_refresh", default)
 
     @property
@@ -222,7 +220,8 @@ def resolve_config(preset: str | None = None, config_file: Path | None = None, *
     values = dict(PRESETS.get(preset or "paper-offline", {}))
     chosen = load_config_file(config_file) if config_file is not None else {}
     chosen.update(_normalize({k: v for k, v in overrides.items() if v is not None}, "flags"))
-    if chosen.get("method", values.get("method", TrainConfig.method)) not in REFRESHING_METHODS:
+    method = chosen.get("method", values.get("method", TrainConfig.method))
+    if method not in LEARNERS or not LEARNERS[method].refreshes_reference:
         values.pop("ref_refresh", None)
     config = TrainConfig(**{**values, **chosen})
     validate_config(config)
@@ -232,7 +231,7 @@ def resolve_config(preset: str | None = None, config_file: Path | None = None, *
 def validate_config(config: TrainConfig) -> None:
     """Check choices and ranges once, with one clear line for the first problem."""
     checks = [
-        (config.method in METHODS, f"unknown method {config.method!r}; choose one of {', '.join(METHODS)}"),
+        (config.method in LEARNERS, f"unknown method {config.method!r}; choose one of {', '.join(LEARNERS)}"),
         (config.updates >= 1, f"--updates must be >= 1, got {config.updates}"),
         (config.groups_per_batch >= 1, f"--groups-per-batch must be >= 1, got {config.groups_per_batch}"),
         (config.lr > 0, f"--lr must be > 0, got {config.lr}"),

@@ -1,6 +1,5 @@
 """The replay trainer: plan → log-probs → loss → backward → step → log, one fresh minibatch per update."""
 
-import inspect
 import json
 import math
 import shutil
@@ -14,7 +13,7 @@ from ggpo_offline import __version__
 from ggpo_offline import diagnostics as diag
 from ggpo_offline.errors import UserError
 from ggpo_offline.evaluate import Evaluator, write_json
-from ggpo_offline.losses import LOSSES, method_needs
+from ggpo_offline.learners import LEARNERS
 from ggpo_offline.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
@@ -89,16 +88,6 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool, ranks: Ranks =
     barrier(ranks)
 
 
-def _loss_kwargs(config: TrainConfig) -> dict:
-    """The learner's keyword hyperparameters, taken from the config by name (beta, clip, clip_eps, ...)."""
-    parameters = inspect.signature(LOSSES[config.method]).parameters
-    return {
-        name: getattr(config, name)
-        for name, p in parameters.items()
-        if p.kind is p.KEYWORD_ONLY and hasattr(config, name)
-    }
-
-
 class Trainer:
     """Owns the model, the optimizer and the counters of one run (of this rank, when distributed)."""
 
@@ -128,8 +117,9 @@ class Trainer:
         # FSDP2 gathers a layer's weights at every decoder call, so all ranks must make the same calls:
         # one decoder forward per micro-batch instead of length-sorted forwards.
         self.forward_tokens = None if self.sharded else config.forward_tokens
-        needs = method_needs(config.method)
-        self.needs_ref, self.needs_old = "ref_logp" in needs, "old_logp" in needs
+        self.learner_record = LEARNERS[config.method]
+        self.needs_ref = "ref_logp" in self.learner_record.needs
+        self.needs_old = "old_logp" in self.learner_record.needs
         self.read_update = read_update
         self.pi0 = pi0
         # π_ref and π_old are constants between refreshes: no second copy of the weights is kept, their
@@ -144,8 +134,8 @@ class Trainer:
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
         )
-        self.loss_fn = LOSSES[config.method]
-        self.loss_kwargs = _loss_kwargs(config)
+        self.loss_fn = self.learner_record.loss
+        self.loss_kwargs = {name: getattr(config, name) for name in self.learner_record.hyperparameters}
         self.update = 0
         self.ess_log_weights: list[torch.Tensor] = []
 
@@ -276,8 +266,7 @@ class Trainer:
             constants["ref_logp"] = self.pi0.logprobs(micro) if window is None else window[position]
         if self.needs_old:
             constants["old_logp"] = self.old_window[self.update][position]
-        needs = method_needs(self.config.method)
-        return {k: v.to(self.device) for k, v in constants.items() if k in needs}
+        return {k: v.to(self.device) for k, v in constants.items() if k in self.learner_record.needs}
 
     def _metrics(self, batch, sums, grad_norm, seq_log_weights, qs, rewards, stats) -> dict[str, float]:
         """Per-minibatch metrics: sums over ranks, and order-free statistics of all ranks' rows."""
@@ -400,7 +389,7 @@ def train(
 
     _threads(config)
     pi0 = None
-    if "ref_logp" in method_needs(config.method):
+    if "ref_logp" in LEARNERS[config.method].needs:
         # Scored once per pool and model (a no-op when the cache exists), shared by every run on the pool.
         sharded = ranks.distributed and config.fsdp
         if ranks.main:
