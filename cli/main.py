@@ -6,8 +6,10 @@ from pathlib import Path
 
 import typer
 from ggpo_cli import render
+from ggpo_cli.config_flags import with_config_flags
 
 from ggpo_offline.errors import UserError, one_line
+from ggpo_offline.train.config import PER_RUN
 
 app = typer.Typer(
     add_completion=False,
@@ -137,108 +139,29 @@ def pool_merge(
 
 
 @app.command("train")
+@with_config_flags()
 def train(
-    pool: Path = typer.Option(None, help="Pool to replay [default: pools/base.parquet]."),
-    method: str = typer.Option(None, help="ggpo, ggpo-clip, agro, grpo or grpo-tis [default: ggpo]."),
     preset: str = typer.Option(None, help="paper-offline (SPEC defaults) or tiny (embedded model, ~40 s)."),
     config: Path = typer.Option(None, help="TOML/YAML/JSON file of settings (flags override it)."),
-    model: str = typer.Option(None, help="Initial policy folder [default: the pool's model]."),
-    seed: int = typer.Option(None, help="Seed of the data plan and torch [default: 42]."),
-    updates: int = typer.Option(None, help="U: optimizer updates."),
-    groups_per_batch: int = typer.Option(None, help="G: groups per minibatch."),
-    lr: float = typer.Option(None, help="AdamW learning rate."),
-    beta: float = typer.Option(None, help="β of GGPO / GGPO-clip / AGRO."),
-    ref_refresh: str = typer.Option(
-        None,
-        help="T_ref: refresh the reference every N updates, or 'never' [default: 160 (tiny: 15) for ggpo, "
-        "ggpo-clip, agro; never for grpo, grpo-tis].",
-    ),
-    tis_block: int = typer.Option(None, help="GRPO+TIS: updates per π_old block."),
-    micro_batch_size: int = typer.Option(None, help="Responses per forward/backward (multiple of m)."),
-    forward_tokens: int = typer.Option(
-        None, help="Padded positions per length-sorted decoder forward [default: 4096]."
-    ),
-    log_every: int = typer.Option(None, help="Log metrics every N updates."),
     nproc: int = typer.Option(
         None, help="Train in N processes on this machine (torchrun; DDP, or FSDP2 with --fsdp) [default: 1]."
     ),
-    fsdp: bool = typer.Option(
-        None, "--fsdp", help="With several processes: shard the model with FSDP2 instead of DDP (GPUs)."
-    ),
-    ess_block: int = typer.Option(None, help="Updates per block of the block sequence ESS."),
-    save_every: int = typer.Option(None, help="Checkpoint every N updates (and at the end)."),
-    threads: int = typer.Option(None, help="CPU threads for torch."),
-    out: Path = typer.Option(None, help="Run folder [default: runs/<pool>/<method>-s<seed>]."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out from its last checkpoint."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run folder."),
-    tracking_uri: str = typer.Option(
-        None, help="MLflow store [default: $MLFLOW_TRACKING_URI or sqlite:///mlruns.db]."
-    ),
-    experiment: str = typer.Option(None, help="MLflow experiment [default: the pool's name]."),
-    no_tracking: bool = typer.Option(None, "--no-tracking", help="Train without MLflow."),
-    allow_tokenizer_mismatch: bool = typer.Option(
-        None, "--allow-tokenizer-mismatch", help="Train a model whose tokenizer differs from the pool's."
-    ),
-    allow_truncated_sampling: bool = typer.Option(
-        None,
-        "--allow-truncated-sampling",
-        help="Train on a pool sampled with top-p < 1 or top-k > 0 (its log-probs cannot be matched exactly).",
-    ),
-    eval_every: int = typer.Option(
-        None, help="Evaluate at update 0, every N updates and at the end [default: no evaluation]."
-    ),
-    eval_dataset: list[str] = typer.Option(
-        None, help="Evaluation benchmark, as ggpo eval --dataset (repeatable) [default: arith:test]."
-    ),
-    eval_n: int = typer.Option(None, help="Responses per evaluation problem [default: 32; tiny: 8]."),
-    eval_k: str = typer.Option(None, help="Comma-separated k of the logged pass@k [default: 1,4,8,16,32]."),
-    eval_num_problems: int = typer.Option(
-        None, help="Problems per evaluation benchmark [default: arith 500 (tiny 200), files all rows]."
-    ),
-    eval_engine: str = typer.Option(None, help="Evaluation engine: vllm or hf [default: vllm]."),
+    **settings,
 ) -> None:
-    """Replay a pool deterministically through one learner, logging drift, K3 and ESS to MLflow."""
+    """Replay a pool deterministically through one learner, logging drift, K3 and ESS to MLflow.
+
+    Every training setting has a flag (below, after --overwrite); a --config file takes the same names."""
     from ggpo_offline.train.config import resolve_config
     from ggpo_offline.train.distributed import is_main_process
     from ggpo_offline.train.trainer import train as run
 
     if nproc is not None and nproc < 1:
         raise UserError(f"--nproc must be >= 1, got {nproc}")
-    resolved = resolve_config(
-        preset,
-        config,
-        pool=pool,
-        method=method,
-        model=model,
-        seed=seed,
-        updates=updates,
-        groups_per_batch=groups_per_batch,
-        lr=lr,
-        beta=beta,
-        ref_refresh=_ref_refresh(ref_refresh),
-        tis_block=tis_block,
-        micro_batch_size=micro_batch_size,
-        forward_tokens=forward_tokens,
-        fsdp=fsdp,
-        log_every=log_every,
-        ess_block=ess_block,
-        save_every=save_every,
-        threads=threads,
-        out=out,
-        tracking_uri=tracking_uri,
-        experiment=experiment,
-        no_tracking=no_tracking,
-        allow_tokenizer_mismatch=allow_tokenizer_mismatch,
-        allow_truncated_sampling=allow_truncated_sampling,
-        eval_every=eval_every,
-        eval_datasets=tuple(eval_dataset) if eval_dataset else None,
-        eval_n=eval_n,
-        eval_ks=None if eval_k is None else _ks(eval_k),
-        eval_num_problems=eval_num_problems,
-        eval_engine=eval_engine,
-    )
+    resolved = resolve_config(preset, config, **settings)
     if not is_main_process():  # a torchrun worker other than rank 0: rank 0 speaks for the job
         run(resolved, resume=resume, overwrite=overwrite)
         return
@@ -257,15 +180,6 @@ def train(
                 on_eval=progress.evaluated,
             )
     render.print_training_result(result)
-
-
-def _ref_refresh(value: str | None) -> int | str | None:
-    if value is None or value == "never":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise UserError(f"--ref-refresh must be a number of updates or 'never', got {value!r}") from None
 
 
 @app.command("eval")
@@ -350,64 +264,31 @@ def _numbers(value: str, flag: str) -> tuple[int, ...]:
 
 
 @app.command("compare")
+@with_config_flags(exclude=PER_RUN)
 def compare(
     pool: Path = typer.Option(Path("pools/base.parquet"), help="Pool every run replays."),
     methods: str = typer.Option("grpo,grpo-tis,agro,ggpo", help="Comma-separated learners."),
     seeds: str = typer.Option("42,1234,2027", help="Comma-separated training seeds."),
     preset: str = typer.Option(None, help="Training preset of every run: paper-offline or tiny."),
     config: Path = typer.Option(None, help="TOML/YAML/JSON file of training settings shared by all runs."),
-    updates: int = typer.Option(None, help="U: optimizer updates of every run."),
-    groups_per_batch: int = typer.Option(None, help="G: groups per minibatch."),
-    lr: float = typer.Option(None, help="AdamW learning rate."),
-    micro_batch_size: int = typer.Option(None, help="Responses per forward/backward (multiple of m)."),
-    forward_tokens: int = typer.Option(
-        None, help="Padded positions per length-sorted decoder forward [default: 4096]."
-    ),
-    threads: int = typer.Option(None, help="CPU threads for torch."),
-    eval_every: int = typer.Option(None, help="Evaluate every N updates [default: U/5, as the paper]."),
-    eval_dataset: list[str] = typer.Option(
-        None, help="Evaluation benchmark, as ggpo eval --dataset (repeatable) [default: arith:test]."
-    ),
-    eval_n: int = typer.Option(None, help="Responses per evaluation problem [default: 32; tiny: 8]."),
-    eval_k: str = typer.Option(None, help="Comma-separated k of pass@k [default: 1,4,8,16,32]."),
-    eval_num_problems: int = typer.Option(None, help="Problems per evaluation benchmark."),
-    eval_engine: str = typer.Option(None, help="Evaluation engine: vllm or hf [default: vllm]."),
     out: Path = typer.Option(None, help="Report folder [default: reports/<pool name>/]."),
     rerun: bool = typer.Option(False, "--rerun", help="Train every run again instead of reusing it."),
-    tracking_uri: str = typer.Option(
-        None, help="MLflow store [default: $MLFLOW_TRACKING_URI or sqlite:///mlruns.db]."
-    ),
-    experiment: str = typer.Option(None, help="MLflow experiment [default: the pool's name]."),
-    no_tracking: bool = typer.Option(None, "--no-tracking", help="Run without MLflow."),
+    **settings,
 ) -> None:
-    """Train every method x seed on one pool with one data plan per seed; write tables and figures."""
+    """Train every method x seed on one pool with one data plan per seed; write tables and figures.
+
+    Every training setting but the per-run ones has a flag (as in ggpo train); without --eval-every the
+    runs are evaluated every U/5 updates, as in the paper."""
     from ggpo_offline.compare import CompareConfig
     from ggpo_offline.compare import compare as run
 
-    settings = {
-        "updates": updates,
-        "groups_per_batch": groups_per_batch,
-        "lr": lr,
-        "micro_batch_size": micro_batch_size,
-        "forward_tokens": forward_tokens,
-        "threads": threads,
-        "eval_every": eval_every,
-        "eval_datasets": tuple(eval_dataset) if eval_dataset else None,
-        "eval_n": eval_n,
-        "eval_ks": None if eval_k is None else _ks(eval_k),
-        "eval_num_problems": eval_num_problems,
-        "eval_engine": eval_engine,
-        "tracking_uri": tracking_uri,
-        "experiment": experiment,
-        "no_tracking": no_tracking,
-    }
     compare_config = CompareConfig(
         pool=pool,
         methods=tuple(part.strip() for part in methods.split(",") if part.strip()),
         seeds=_numbers(seeds, "--seeds"),
         preset=preset,
         config_file=config,
-        settings={k: v for k, v in settings.items() if v is not None},
+        settings=settings,
         out=out,
         rerun=rerun,
     )

@@ -17,7 +17,7 @@ from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, load_run, write_figures, write_tables
-from ggpo_offline.train.config import TrainConfig, resolve_config
+from ggpo_offline.train.config import PER_RUN, TrainConfig, resolve_config
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
 
 # The train modules that load torch and transformers are imported inside the functions that train, so a
@@ -29,7 +29,6 @@ EVALUATIONS_PER_RUN = 5
 """Without --eval-every, runs are evaluated every U/5 updates (the paper: every 80 of 400)."""
 MARKER = "compare.json"
 RUNS_FOLDER = "runs"
-PER_RUN = ("pool", "method", "seed", "out")
 """Settings compare chooses for each run; everything else is shared by all runs."""
 TRACKING_SETTINGS = ("tracking_uri", "experiment", "no_tracking")
 

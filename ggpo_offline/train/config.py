@@ -16,93 +16,99 @@ from ggpo_offline.learners import LEARNERS
 FORWARD_TOKENS = 4096
 """Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at
 most this many positions (a longer row runs alone), each cut to its own longest row, so padding is small."""
+PER_RUN = ("pool", "method", "seed", "out")
+"""Settings `ggpo compare` chooses for each of its runs (a user gives the others, shared by all runs)."""
 PAPER_REF_REFRESH = 160
 METHOD_DEFAULT = "method-default"
 """``ref_refresh`` not chosen: resolved on construction to the method's own default (`TrainConfig`)."""
+
+
+def setting(default, help: str, flag: str | None = None):
+    """A TrainConfig field with its help text: the one description that ``ggpo train``'s and ``ggpo
+    compare``'s flags (`cli/config_flags.py`) and this file share. ``flag``: the flag's name when it is
+    not the field's (``--eval-dataset`` for ``eval_datasets``)."""
+    metadata = {"help": help, **({"flag": flag} if flag else {})}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything ``ggpo train`` needs. Defaults are SPEC.md's paper defaults (offline setting)."""
 
-    pool: Path = Path("pools/base.parquet")
-    """The pool to replay."""
-    method: str = "ggpo"
-    """Learner: ggpo, ggpo-clip, agro, grpo or grpo-tis."""
-    model: str | None = None
-    """Initial policy (a local HF folder); None = the model that generated the pool."""
-    seed: int = 42
-    """Seeds the data plan (which groups, in which order) and torch."""
-    updates: int = 400
-    """U: optimizer updates; each uses a fresh minibatch, none revisited."""
-    groups_per_batch: int = 32
-    """G: groups per minibatch (B = G·m responses)."""
-    lr: float = 1e-6
-    """AdamW learning rate (constant, no warmup)."""
-    beta: float = 0.01
-    """KL-regularization strength β of GGPO, GGPO-clip and AGRO."""
-    clip: float = 0.05
-    """GGPO-clip's per-token clip c_clip of the learner-to-reference log ratio."""
-    ref_refresh: int | None | Literal["method-default"] = METHOD_DEFAULT
-    """T_ref: π_ref ← π_θ every T_ref updates; None = never. Not given: 160 (paper) for GGPO, GGPO-clip and
-    AGRO, never for GRPO and GRPO+TIS (their fixed initial reference); an explicit value applies to every
-    method (the paper's Appendix D.5 runs GRPO with T_ref 160/320)."""
-    tis_block: int = 8
-    """GRPO+TIS: π_old is recomputed at the start of every block of this many updates."""
-    tis_cap: float = 2.0
-    clip_eps: float = 0.2
-    dual_clip: float = 10.0
-    kl_coef: float = 0.01
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    """AdamW's ε (torch's default)."""
-    grad_clip: float = 1.0
-    micro_batch_size: int | None = None
-    """Responses per forward/backward pass (a multiple of m); None = the whole minibatch at once."""
-    forward_tokens: int = FORWARD_TOKENS
-    """Padded positions per decoder forward inside a pass: rows are length-sorted into forwards of at most
-    this many (prompt + response) positions, so little compute goes to padding."""
-    fsdp: bool = False
-    """Under torchrun: shard weights, gradients and optimizer state with FSDP2 instead of replicating them
-    with DDP (for GPUs; one process ignores it)."""
-    log_every: int = 1
-    """Log metrics every N updates."""
-    ess_block: int = 8
-    """Updates per block of the block-level sequence ESS (paper: 8 minibatches)."""
-    save_every: int | None = None
-    """Checkpoint every N updates (and always at the end)."""
-    out: Path | None = None
-    """Run folder; None = runs/<pool name>/<method>-s<seed>."""
-    threads: int | None = None
-    """CPU threads for torch; None = torch's default."""
-    tracking_uri: str | None = None
-    """MLflow store; None = $MLFLOW_TRACKING_URI or sqlite:///mlruns.db."""
-    experiment: str | None = None
-    """MLflow experiment; None = the pool's file name."""
-    no_tracking: bool = False
-    allow_tokenizer_mismatch: bool = False
-    allow_truncated_sampling: bool = False
-    """Train on a pool sampled with top-p < 1 or top-k > 0, whose behavior log-probs (of the truncated
-    distribution) the learner's full-vocabulary log-probs cannot match; refused otherwise."""
-    eval_every: int | None = None
-    """Evaluate the learner at update 0, every N updates and at the end, with ``ggpo eval``'s protocol
-    on the saved checkpoint (sampling settings and dtype of the pool); None = no evaluation."""
-    eval_datasets: tuple[str, ...] = DEFAULT_DATASETS
-    """Benchmarks of the evaluation (dataset specs, as ``ggpo eval --dataset``)."""
-    eval_n: int = 32
-    """Responses sampled per evaluation problem (paper: 32)."""
-    eval_ks: tuple[int, ...] = DEFAULT_KS
-    """The k of each reported pass@k (those above ``eval_n`` are skipped)."""
-    eval_num_problems: int | None = None
-    """Problems per benchmark (arith: 500 drawn; files: the first N rows); None = all."""
-    eval_engine: str = "vllm"
-    """Generation engine of the evaluation: vllm or hf."""
-    eval_seed: int = 0
-    """Sampling seed of the evaluation, the same at every update so that only the weights change."""
-    eval_gpu_memory_fraction: float = 0.3
-    """On a GPU, the share of its memory the evaluation's vLLM engine may take beside the learner."""
+    pool: Path = setting(Path("pools/base.parquet"), "The pool to replay (a file or a shard directory).")
+    method: str = setting("ggpo", f"Learner: {', '.join(LEARNERS)}.")
+    model: str | None = setting(None, "Initial policy, a local HF folder [default: the pool's model].")
+    seed: int = setting(42, "Seeds the data plan (which groups, in which order) and torch.")
+    updates: int = setting(400, "U: optimizer updates; each uses a fresh minibatch, none revisited.")
+    groups_per_batch: int = setting(32, "G: groups per minibatch (B = G·m responses).")
+    lr: float = setting(1e-6, "AdamW learning rate (constant, no warmup).")
+    beta: float = setting(0.01, "β: KL-regularization strength of GGPO, GGPO-clip and AGRO.")
+    clip: float = setting(0.05, "GGPO-clip's per-token clip c_clip of the learner-to-reference log ratio.")
+    ref_refresh: int | None | Literal["method-default"] = setting(
+        METHOD_DEFAULT,
+        "T_ref: π_ref ← π_θ every N updates, or 'never' [default: 160 for learners that refresh (ggpo, "
+        "ggpo-clip, agro), never for grpo and grpo-tis; a value given applies to every learner].",
+    )
+    tis_block: int = setting(8, "GRPO+TIS: π_old is recomputed at the start of every block of N updates.")
+    tis_cap: float = setting(2.0, "GRPO+TIS: cap of the token weight π_old/μ.")
+    clip_eps: float = setting(0.2, "GRPO/GRPO+TIS: PPO clip range ε of the token ratio.")
+    dual_clip: float = setting(10.0, "GRPO/GRPO+TIS: dual-clip bound c for negative advantages.")
+    kl_coef: float = setting(0.01, "GRPO/GRPO+TIS: coefficient of the k3 KL to the reference.")
+    weight_decay: float = setting(0.01, "AdamW weight decay.")
+    adam_beta1: float = setting(0.9, "AdamW β1.")
+    adam_beta2: float = setting(0.999, "AdamW β2.")
+    adam_eps: float = setting(1e-8, "AdamW ε (torch's default).")
+    grad_clip: float = setting(1.0, "Clip the global gradient norm to this.")
+    micro_batch_size: int | None = setting(
+        None, "Responses per forward/backward pass, a multiple of m [default: the whole minibatch]."
+    )
+    forward_tokens: int = setting(
+        FORWARD_TOKENS,
+        "Padded (prompt + response) positions per length-sorted decoder forward inside a pass.",
+    )
+    fsdp: bool = setting(
+        False, "With several processes: shard the model with FSDP2 instead of replicating it with DDP (GPUs)."
+    )
+    log_every: int = setting(1, "Log metrics every N updates (block ESS at every block end regardless).")
+    ess_block: int = setting(8, "Updates per block of the block-level sequence ESS (paper: 8 minibatches).")
+    save_every: int | None = setting(None, "Checkpoint every N updates (and always at the end).")
+    out: Path | None = setting(None, "Run folder [default: runs/<pool name>/<method>-s<seed>].")
+    threads: int | None = setting(None, "CPU threads for torch [default: torch's].")
+    tracking_uri: str | None = setting(
+        None, "MLflow store [default: $MLFLOW_TRACKING_URI or sqlite:///mlruns.db]."
+    )
+    experiment: str | None = setting(None, "MLflow experiment [default: the pool's file name].")
+    no_tracking: bool = setting(False, "Train without MLflow.")
+    allow_tokenizer_mismatch: bool = setting(False, "Train a model whose tokenizer differs from the pool's.")
+    allow_truncated_sampling: bool = setting(
+        False,
+        "Train on a pool sampled with top-p < 1 or top-k > 0, whose behavior log-probs (of the truncated "
+        "distribution) a full-vocabulary log-prob cannot match; refused otherwise.",
+    )
+    eval_every: int | None = setting(
+        None,
+        "Evaluate at update 0, every N updates and at the end with ggpo eval's protocol on the saved "
+        "checkpoint (the pool's sampling settings and dtype) [default: no evaluation].",
+    )
+    eval_datasets: tuple[str, ...] = setting(
+        DEFAULT_DATASETS, "Evaluation benchmark, as ggpo eval --dataset (repeatable).", flag="eval-dataset"
+    )
+    eval_n: int = setting(32, "Responses sampled per evaluation problem (paper: 32).")
+    eval_ks: tuple[int, ...] = setting(
+        DEFAULT_KS,
+        "Comma-separated k of the logged pass@k (those above --eval-n are skipped).",
+        flag="eval-k",
+    )
+    eval_num_problems: int | None = setting(
+        None, "Problems per evaluation benchmark (arith: drawn; files: the first N rows) [default: all]."
+    )
+    eval_engine: str = setting("vllm", "Evaluation engine: vllm or hf.")
+    eval_seed: int = setting(
+        0, "Evaluation sampling seed, the same at every update (only the weights change)."
+    )
+    eval_gpu_memory_fraction: float = setting(
+        0.3, "On a GPU, the share of its memory the evaluation's vLLM engine may take beside the learner."
+    )
 
     def __post_init__(self) -> None:
         if self.ref_refresh == METHOD_DEFAULT:
@@ -146,15 +152,26 @@ _FIELDS = {f.name: f for f in fields(TrainConfig)}
 _HINTS = typing.get_type_hints(TrainConfig)
 
 
+def flag_name(name: str) -> str:
+    """The flag of a TrainConfig field, without dashes: its own name, or the one its metadata gives."""
+    return _FIELDS[name].metadata.get("flag", name.replace("_", "-"))
+
+
 def _normalize(values: dict, where: str) -> dict:
-    """Accept flag-style keys (ref-refresh) and ``ref_refresh: never``; refuse unknown keys."""
+    """Accept flag-style keys (ref-refresh, eval-dataset) and ``ref_refresh: never``; refuse unknown keys."""
+    by_flag = {flag_name(name).replace("-", "_"): name for name in _FIELDS}
     normalized = {}
     for key, value in values.items():
         name = key.replace("-", "_")
+        name = by_flag.get(name, name)
         if name not in _FIELDS:
             raise UserError(f"{where}: unknown setting {key!r}")
         if name == "ref_refresh" and value in ("never", "none", None):
             value = None
+        elif name == "ref_refresh" and isinstance(value, str):  # a flag's text
+            if not value.strip().isdigit():
+                raise UserError(f"{where}: ref_refresh must be a number of updates or 'never', got {value!r}")
+            value = int(value)
         if name in ("pool", "out") and value is not None:
             value = Path(value)
         normalized[name] = _coerce(name, value, where)
