@@ -165,7 +165,9 @@ def eval_line(report: dict) -> str:
 
 def print_training_result(result) -> None:
     stdout.print(f"final model: {result.final_model}")
-    stdout.print(f"metrics: {result.run_dir / 'metrics.jsonl'}; MLflow run: {result.run_id}")
+    from ggpo_offline.train.run import RunFolder
+
+    stdout.print(f"metrics: {RunFolder(result.run_dir).metrics_file}; MLflow run: {result.run_id}")
     stdout.print(f"data-order fingerprint: {result.data_order_fingerprint}")
 
 

@@ -19,6 +19,7 @@ from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, load_run, write_figures, write_tables
 from ggpo_offline.train.config import PER_RUN, TrainConfig, resolve_config
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
+from ggpo_offline.train.run import RunFolder
 
 # The train modules that load torch and transformers are imported inside the functions that train, so a
 # refused command answers in a second or two instead of after ~10 s of imports.
@@ -129,25 +130,20 @@ def plan(config: CompareConfig) -> list[PlannedRun]:
 
 
 def _action(run: TrainConfig, fingerprints: dict, rerun: bool) -> str:
-    run_dir = run.run_dir
-    if not run_dir.exists() or not any(run_dir.iterdir()):
+    folder = RunFolder(run.run_dir)
+    if folder.is_empty():
         return "train"
-    from ggpo_offline.train.checkpoint import latest_checkpoint
-    from ggpo_offline.train.trainer import RESULT_FILE
-
     if rerun:
         return "replace"
-    config_file = run_dir / "config.json"
-    saved = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    differing = _differences(saved, {**run.to_dict(), **fingerprints})
+    differing = _differences(folder.read_config(), {**run.to_dict(), **fingerprints})
     if differing:
         raise UserError(
-            f"{run_dir} holds a run with other settings or another pool ({differing}); pass --rerun to "
+            f"{folder.path} holds a run with other settings or another pool ({differing}); pass --rerun to "
             "replace it or --out to report elsewhere"
         )
-    if (run_dir / RESULT_FILE).is_file():
+    if folder.is_finished():
         return "reuse"
-    return "resume" if latest_checkpoint(run_dir) is not None else "replace"
+    return "resume" if folder.latest_checkpoint() is not None else "replace"
 
 
 def _differences(saved: dict, expected: dict) -> str:
@@ -211,8 +207,7 @@ def compare(
         tracking_uri=shared.tracking_uri,
         enabled=not shared.no_tracking,
     )
-    status = "FAILED"
-    try:
+    with tracking.ending(parent):
         parent.log_params({"methods": ",".join(config.methods), "seeds": ",".join(map(str, config.seeds))})
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
         # π0's log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one).
@@ -235,12 +230,6 @@ def compare(
         parent.set_tags({f"data_order_fingerprint.seed{s}": f for s, f in data_plans.items()})
         for name in ("table.md", "table.csv", "README.md", MARKER, *FIGURES):
             parent.log_artifact(report_dir / name, "report")
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        parent.close(status)
     return CompareResult(
         report_dir, records, data_plans, parent.run_id, {r.config.run_name: r.action for r in planned}
     )

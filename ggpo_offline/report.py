@@ -1,7 +1,6 @@
 """Tables and figures of a comparison: finished runs in, table.md / table.csv / PNG figures out."""
 
 import csv
-import json
 import math
 import statistics
 from collections.abc import Callable
@@ -10,6 +9,7 @@ from pathlib import Path
 
 from ggpo_offline.errors import UserError
 from ggpo_offline.learners import LEARNERS
+from ggpo_offline.train.run import RunFolder
 
 SUITE = "suite"
 FIGURES = ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png")
@@ -50,21 +50,15 @@ class Cell:
 
 def load_run(run_dir: Path, method: str, seed: int) -> RunRecord:
     """Read a finished run folder written by ``ggpo train`` (config.json, result.json, eval/, metrics)."""
-    from ggpo_offline.train.evaluation import EVAL_FOLDER
-    from ggpo_offline.train.trainer import METRICS_FILE, RESULT_FILE
-
-    evals = {}
-    for path in sorted((run_dir / EVAL_FOLDER).glob("update-*.json")):
-        evals[int(path.stem.removeprefix("update-"))] = json.loads(path.read_text())
-    lines = (run_dir / METRICS_FILE).read_text().splitlines()
+    folder = RunFolder(run_dir)
     return RunRecord(
         method=method,
         seed=seed,
         run_dir=run_dir,
-        config=json.loads((run_dir / "config.json").read_text()),
-        result=json.loads((run_dir / RESULT_FILE).read_text()),
-        evals=evals,
-        metrics=[json.loads(line) for line in lines if line.strip()],
+        config=folder.read_config(),
+        result=folder.read_result(),
+        evals=folder.read_evals(),
+        metrics=folder.read_metrics(),
     )
 
 

@@ -6,6 +6,8 @@ import math
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -133,6 +135,20 @@ class MlflowTracker:
     def close(self, status: RunEndStatus = "FINISHED") -> None:
         self.flush()
         self._client.set_terminated(self.run_id, status)
+
+
+@contextmanager
+def ending(tracker: Tracker) -> Iterator[Tracker]:
+    """End the tracker's run when the block ends: FINISHED, KILLED on Ctrl-C, FAILED on any other error."""
+    status: RunEndStatus = "FAILED"
+    try:
+        yield tracker
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.close(status)
 
 
 def start_tracking(

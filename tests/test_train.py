@@ -352,7 +352,8 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     from test_cli import ggpo
 
     from ggpo_offline.evaluate import Evaluator, evaluate
-    from ggpo_offline.train.evaluation import eval_config, eval_report_path
+    from ggpo_offline.train.evaluation import eval_config
+    from ggpo_offline.train.run import RunFolder
 
     config = _config(
         vllm_pool, tmp_path, eval_every=2, eval_n=4, eval_num_problems=12, eval_ks=(1, 2, 4), lr=2e-3
@@ -361,7 +362,7 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
         result = train(config, evaluator=evaluator)
     run = result.run_dir
     assert sorted(p.name for p in (run / "eval").iterdir()) == [f"update-00000{u}.json" for u in (0, 2, 4)]
-    reports = {u: json.loads(eval_report_path(run, u).read_text()) for u in (0, 2, 4)}
+    reports = {u: json.loads(RunFolder(run).eval_report(u).read_text()) for u in (0, 2, 4)}
     logged = {r["update"]: r for r in _metrics(run) if "eval/suite/mean_at_4" in r}
     assert sorted(logged) == [0, 2, 4]
     for update, report in reports.items():

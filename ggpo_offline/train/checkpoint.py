@@ -11,15 +11,10 @@ import torch
 
 from ggpo_offline.errors import UserError, os_reason
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
+from ggpo_offline.train.run import STATE_FILE
 
-STATE_FILE = "trainer_state.pt"
-PREFIX = "update-"
 # Below this much free space a failed save is reported as a full disk (see _removed_on_failure).
 FULL_DISK_BYTES = 1 << 20
-
-
-def checkpoint_dir(run_dir: Path, update: int) -> Path:
-    return run_dir / "checkpoints" / f"{PREFIX}{update:06d}"
 
 
 def _rank_file(rank: int) -> str:
@@ -97,15 +92,6 @@ def _replace_folder(tmp: Path, path: Path) -> None:
         os.replace(old, path)
         raise
     shutil.rmtree(old, ignore_errors=True)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The resumable checkpoint with the highest update number, if any."""
-    folder = run_dir / "checkpoints"
-    found = (
-        sorted(p for p in folder.glob(f"{PREFIX}*") if (p / STATE_FILE).is_file()) if folder.is_dir() else []
-    )
-    return found[-1] if found else None
 
 
 def load_state(path: Path, rank: int | None) -> tuple[dict, dict | None]:

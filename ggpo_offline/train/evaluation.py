@@ -1,11 +1,13 @@
-"""Evaluation during training: when it happens, which protocol it uses and how its scores are named."""
+"""Evaluation during training, a hook at checkpoints: when it runs, which protocol it uses, where its
+reports go and how its scores are named."""
 
+from collections.abc import Callable
 from pathlib import Path
 
-from ggpo_offline.evaluate import EvalConfig
+from ggpo_offline.evaluate import EvalConfig, Evaluator, write_json
 from ggpo_offline.train.config import TrainConfig
-
-EVAL_FOLDER = "eval"
+from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
+from ggpo_offline.train.run import RunFolder
 
 
 def eval_config(config: TrainConfig, initial_model: Path) -> EvalConfig:
@@ -31,10 +33,6 @@ def eval_due(config: TrainConfig, update: int) -> bool:
     return update % config.eval_every == 0 or update == config.updates
 
 
-def eval_report_path(run_dir: Path, update: int) -> Path:
-    return run_dir / EVAL_FOLDER / f"update-{update:06d}.json"
-
-
 def eval_metrics(report: dict) -> dict[str, float]:
     """``eval/<benchmark>/mean_at_<n>`` and ``eval/<benchmark>/pass_at_<k>``, plus ``eval/suite/...``.
 
@@ -48,3 +46,52 @@ def eval_metrics(report: dict) -> dict[str, float]:
         for k in report["ks"]:
             metrics[f"eval/{scope}/pass_at_{k}"] = scores[f"pass@{k}"]
     return metrics
+
+
+class CheckpointEvaluations:
+    """Evaluates a run at its due updates (`eval_due`) from the weights saved at that update: rank 0 runs
+    the evaluation, writes its report into the run folder and returns its scores; the other ranks wait.
+
+    ``evaluator`` shares one (started engine, protocol) between runs; by default, when evaluation is on,
+    this builds its own (which checks the benchmarks at once) and closes it at the end.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        initial_model: Path,
+        ranks: Ranks = SINGLE_PROCESS,
+        evaluator: Evaluator | None = None,
+        on_eval: Callable[[int, dict], None] | None = None,
+    ):
+        self.config, self.initial_model, self.ranks, self.on_eval = config, initial_model, ranks, on_eval
+        self.owned = evaluator is None and config.eval_every is not None and ranks.main
+        self.evaluator = Evaluator(eval_config(config, initial_model)) if self.owned else evaluator
+
+    def due(self, update: int) -> bool:
+        return eval_due(self.config, update)
+
+    def at(self, update: int, folder: RunFolder) -> dict[str, float]:
+        """The scores of update ``update`` ({} when no evaluation is due); its checkpoint must be saved."""
+        if not self.due(update):
+            return {}
+        metrics = {}
+        if self.ranks.main:
+            weights = self.initial_model if update == 0 else folder.checkpoint(update)
+            report = self.evaluator.evaluate(weights)
+            write_json(report, folder.eval_report(update))
+            if self.on_eval is not None:
+                self.on_eval(update, report)
+            metrics = eval_metrics(report)
+        barrier(self.ranks)  # the other ranks wait for rank 0's evaluation
+        return metrics
+
+    def close(self) -> None:
+        if self.owned:
+            self.evaluator.close()
+
+    def __enter__(self) -> "CheckpointEvaluations":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,24 +1,21 @@
 """The replay trainer: plan → log-probs → loss → backward → step → log, one fresh minibatch per update."""
 
-import json
 import math
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ggpo_offline import __version__
 from ggpo_offline import diagnostics as diag
 from ggpo_offline.errors import UserError
-from ggpo_offline.evaluate import Evaluator, write_json
+from ggpo_offline.evaluate import Evaluator
 from ggpo_offline.learners import LEARNERS
 from ggpo_offline.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
-from ggpo_offline.train.checkpoint import checkpoint_dir, latest_checkpoint, load_state, save_checkpoint
+from ggpo_offline.train.checkpoint import load_state, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import (
     SINGLE_PROCESS,
@@ -35,17 +32,19 @@ from ggpo_offline.train.distributed import (
     scalar,
     wrap,
 )
-from ggpo_offline.train.evaluation import eval_config, eval_due, eval_metrics, eval_report_path
+from ggpo_offline.train.evaluation import CheckpointEvaluations
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.pi0_cache import Pi0Cache, score_pool
-from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
+from ggpo_offline.train.plan import (
+    PoolIndex,
+    data_order_fingerprint,
+    index_pool,
+    plan_minibatches,
+    pool_fingerprint,
+)
+from ggpo_offline.train.run import FLUSH_EVERY, Run
 from ggpo_offline.train.sampling import check_sampling
 
-METRICS_FILE = "metrics.jsonl"
-RESULT_FILE = "result.json"
-"""Written last: a run folder holding it is a finished run (compare reuses such runs)."""
-# Without checkpoints, metrics still reach the tracker this often (updates).
-FLUSH_EVERY = 20
 SUMMED_METRICS = ("loss", "mismatch/k3", "mismatch/drift", "policy/entropy", "ref/log_ratio")
 """Per-minibatch diagnostics normalized by global counts: micro-batches and ranks add up."""
 
@@ -69,23 +68,6 @@ def check_tokenizer(config: TrainConfig, pool_meta: dict, tokenizer) -> None:
             f"{config.pool} was generated with a different tokenizer than the model being trained "
             "(tokenizer sha256 differs); pass --allow-tokenizer-mismatch to train anyway"
         )
-
-
-def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool, ranks: Ranks = SINGLE_PROCESS) -> None:
-    """A run folder is only reused on --resume and only replaced on --overwrite."""
-    exists = run_dir.exists() and any(run_dir.iterdir())
-    if exists and not resume and not overwrite:
-        raise UserError(
-            f"{run_dir} already exists; pass --resume to continue it or --overwrite to replace it"
-        )
-    if resume and not exists:
-        raise UserError(f"--resume: {run_dir} holds no run to resume")
-    barrier(ranks)  # every rank has checked the folder before rank 0 changes it
-    if ranks.main:
-        if exists and not resume:
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-    barrier(ranks)
 
 
 class Trainer:
@@ -160,13 +142,15 @@ class Trainer:
         }
         return run_state, rank_state
 
-    def restore(self, run_state: dict, rank_state: dict) -> None:
-        """Continue from a checkpoint whose weights this trainer was built from."""
+    def restore(self, checkpoint: Path) -> str | None:
+        """Continue from ``checkpoint``, whose weights this trainer was built from; returns its MLflow run."""
+        run_state, rank_state = load_state(checkpoint, self.ranks.rank)
         self.optimizer.load_state_dict(rank_state["optimizer"] if self.sharded else run_state["optimizer"])
         self.ref_window, self.old_window = rank_state["ref_window"], rank_state["old_window"]
         self.ess_log_weights = run_state["ess_log_weights"]
         torch.set_rng_state(run_state["torch_rng"])
         self.update = run_state["update"]
+        return run_state["run_id"]
 
     def save(self, path: Path, run_id: str | None, resumable: bool = True) -> Path:
         """A Hugging Face folder of the full weights (+ resume state); every rank takes part."""
@@ -306,38 +290,51 @@ def _threads(config: TrainConfig) -> None:
         torch.set_num_threads(config.threads)
 
 
-def _resume_point(run_dir: Path, config: TrainConfig, ranks: Ranks) -> Path:
-    """The checkpoint ``--resume`` continues from, after checking it belongs to this run and job size."""
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        raise UserError(f"--resume: {run_dir} has no checkpoint to resume from")
-    run_state, _ = load_state(checkpoint, rank=None)
-    if "world" not in run_state:
-        raise UserError(f"--resume: {checkpoint} comes from an older ggpo-offline; start the run again")
-    if run_state["config"] != config.to_dict():
-        raise UserError(f"--resume: the settings differ from those of the run in {run_dir}")
-    if run_state["world"] != ranks.world:
-        raise UserError(
-            f"--resume: {run_dir} was trained by {run_state['world']} process(es); resume it with the same "
-            f"number (now {ranks.world})"
-        )
-    return checkpoint
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run reads, each checked, before it writes anything."""
+
+    pool: Path
+    pool_meta: dict
+    model_dir: Path
+    tokenizer: object
+    temperature: float
+    """The pool's sampling temperature, which every log-prob of the run uses."""
+    index: PoolIndex
+    plan: list
+    fingerprints: dict
 
 
-def _write_metrics(path: Path, records: list[dict]) -> None:
-    with path.open("a") as handle:
-        for record in records:
-            handle.write(json.dumps(record) + "\n")
+def read_inputs(config: TrainConfig, ranks: Ranks = SINGLE_PROCESS) -> RunInputs:
+    """The pool (validated), its initial model and tokenizer (checked against it), its sampling temperature
+    (`check_sampling`), the data plan and the fingerprints that identify pool and plan."""
+    check_split(config.groups_per_batch, ranks)
+    pool = Path(config.pool)
+    validate_pool(pool)
+    pool_meta = read_pool_metadata(pool)
+    model_dir = initial_model_dir(config.model, pool_meta)
+    tokenizer = load_tokenizer(model_dir)
+    check_tokenizer(config, pool_meta, tokenizer)
+    temperature = check_sampling(pool, pool_meta, config.allow_truncated_sampling)
+    index = index_pool(pool)
+    plan = plan_minibatches(index, config.seed, config.updates, config.groups_per_batch)
+    fingerprints = {
+        "pool_fingerprint": pool_fingerprint(pool),
+        "data_order_fingerprint": data_order_fingerprint(plan),
+    }
+    return RunInputs(pool, pool_meta, model_dir, tokenizer, temperature, index, plan, fingerprints)
 
 
-def _read_metrics(path: Path, before_update: int) -> list[dict]:
-    """Metric records of updates before ``before_update`` (a resumed run recomputes the rest)."""
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    kept = [r for r in records if r["update"] < before_update]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    return kept
+def _pi0(config: TrainConfig, inputs: RunInputs, ranks: Ranks) -> Pi0Cache | None:
+    """The initial model's log-probs, for every method with a reference: scored once per pool, model and
+    numerics (a no-op when the cache exists) and shared by every run on the pool."""
+    if "ref_logp" not in LEARNERS[config.method].needs:
+        return None
+    sharded, device = ranks.distributed and config.fsdp, device_of(ranks)
+    if ranks.main:
+        score_pool(inputs.pool, inputs.model_dir, device, sharded=sharded)
+    barrier(ranks)
+    return score_pool(inputs.pool, inputs.model_dir, device, sharded=sharded)
 
 
 def train(
@@ -353,8 +350,9 @@ def train(
     """Train ``config.method`` on the pool's planned minibatches; see TrainConfig for every setting.
 
     With ``config.eval_every`` the learner is evaluated at update 0, every N updates and at the end, each
-    time from a checkpoint saved at that update; ``evaluator`` shares one (started engine, evaluation
-    protocol) between runs, by default the run starts its own. ``parent_run_id`` nests the MLflow run.
+    time from a checkpoint saved at that update (`CheckpointEvaluations`; ``evaluator`` shares one started
+    engine between runs). ``parent_run_id`` nests the MLflow run. The run folder, resume and metric
+    flushing belong to `Run`.
 
     Under torchrun every process calls this: each trains its contiguous share of every minibatch's groups
     (DDP, or FSDP2 with ``config.fsdp``); rank 0 alone evaluates, talks to MLflow and writes files.
@@ -362,143 +360,55 @@ def train(
     from ggpo_offline import tracking
 
     ranks = init_ranks()
-    check_split(config.groups_per_batch, ranks)
-    pool = Path(config.pool)
-    validate_pool(pool)
-    pool_meta = read_pool_metadata(pool)
-    model_dir = initial_model_dir(config.model, pool_meta)
-    tokenizer = load_tokenizer(model_dir)
-    check_tokenizer(config, pool_meta, tokenizer)
-    temperature = check_sampling(pool, pool_meta, config.allow_truncated_sampling)
-    index = index_pool(pool)
-    plan = plan_minibatches(index, config.seed, config.updates, config.groups_per_batch)
-    fingerprints = {
-        "pool_fingerprint": pool_fingerprint(pool),
-        "data_order_fingerprint": data_order_fingerprint(plan),
-    }
-    owns_evaluator = evaluator is None and config.eval_every is not None and ranks.main
-    if owns_evaluator:
-        # Built here, before anything is written: it checks the benchmarks.
-        evaluator = Evaluator(eval_config(config, model_dir))
-    tracking_uri = config.tracking_uri or tracking.default_tracking_uri()
-    if not config.no_tracking and ranks.main:
-        tracking.check_tracking_reachable(tracking_uri)
-    run_dir = config.run_dir
-    prepare_run_dir(run_dir, resume, overwrite, ranks)
-    checkpoint = _resume_point(run_dir, config, ranks) if resume else None
+    inputs = read_inputs(config, ranks)
+    with CheckpointEvaluations(config, inputs.model_dir, ranks, evaluator, on_eval) as evaluations:
+        if not config.no_tracking and ranks.main:
+            tracking.check_tracking_reachable(config.tracking_uri or tracking.default_tracking_uri())
+        run = Run(config, ranks, resume=resume, overwrite=overwrite)
+        _threads(config)
+        pi0 = _pi0(config, inputs, ranks)
+        reader = MinibatchReader(inputs.pool, inputs.index, pad_id=inputs.tokenizer.pad_token_id or 0)
 
-    _threads(config)
-    pi0 = None
-    if "ref_logp" in LEARNERS[config.method].needs:
-        # Scored once per pool and model (a no-op when the cache exists), shared by every run on the pool.
-        sharded = ranks.distributed and config.fsdp
-        if ranks.main:
-            score_pool(pool, model_dir, device_of(ranks), sharded=sharded)
-        barrier(ranks)
-        pi0 = score_pool(pool, model_dir, device_of(ranks), sharded=sharded)
-    reader = MinibatchReader(pool, index, pad_id=tokenizer.pad_token_id or 0)
+        def read_update(update: int) -> Minibatch:
+            return reader.read(rank_groups(inputs.plan[update].tolist(), ranks))
 
-    def read_update(update: int) -> Minibatch:
-        return reader.read(rank_groups(plan[update].tolist(), ranks))
-
-    torch.manual_seed(config.seed)
-    trainer = Trainer(config, checkpoint or model_dir, read_update, pi0, ranks, temperature)
-    run_id = None
-    if checkpoint is not None:
-        run_state, rank_state = load_state(checkpoint, ranks.rank)
-        trainer.restore(run_state, rank_state)
-        run_id = run_state["run_id"]
-    metrics_path = run_dir / METRICS_FILE
-    history = _read_metrics(metrics_path, trainer.update) if ranks.main else []
-
-    tracker = tracking.start_tracking(
-        experiment=config.experiment or pool.stem,
-        run_name=config.run_name,
-        tracking_uri=config.tracking_uri,
-        resume_run_id=run_id,
-        parent_run_id=parent_run_id,
-        enabled=not config.no_tracking and ranks.main,
-    )
-    if run_id is None and ranks.main:
-        sampling = {f"pool_{k}": v for k, v in pool_meta.get("sampling", {}).items() if k != "seed"}
-        tracker.log_params({**config.to_dict(), "model_dir": str(model_dir), **sampling})
-        tracker.set_tags({**fingerprints, "ggpo_offline_version": __version__, "method": config.method})
-        tracker.log_dict(config.to_dict(), "config.json")
-        (run_dir / "config.json").write_text(json.dumps({**config.to_dict(), **fingerprints}, indent=2))
-
-    pending: list[dict] = []
-
-    def flush() -> None:
-        for record in pending:
-            tracker.log_metrics({k: v for k, v in record.items() if k != "update"}, step=record["update"])
-        tracker.flush()
-        if ranks.main:
-            _write_metrics(metrics_path, pending)
-        history.extend(pending)
-        pending.clear()
-
-    def evaluate_at(update: int) -> dict[str, float]:
-        metrics = {}
-        if ranks.main:
-            weights = model_dir if update == 0 else checkpoint_dir(run_dir, update)
-            report = evaluator.evaluate(weights)
-            write_json(report, eval_report_path(run_dir, update))
-            if on_eval is not None:
-                on_eval(update, report)
-            metrics = eval_metrics(report)
-        barrier(ranks)  # the other ranks wait for rank 0's evaluation
-        return metrics
-
-    status = "FAILED"
-    try:
-        while trainer.update < config.updates:
-            update = trainer.update
-            record = {"update": update}
-            if eval_due(config, update):
-                record.update(evaluate_at(update))
-            metrics = trainer.step(read_update(update))
-            if update % config.log_every == 0 or trainer.update == config.updates:
-                record.update(metrics)
-            elif "mismatch/ess_block" in metrics:  # a block's ESS exists only at its last update
-                record["mismatch/ess_block"] = metrics["mismatch/ess_block"]
-            if len(record) > 1:
-                pending.append(record)
-            if on_update is not None:
-                on_update(update, metrics)
-            saving = config.save_every is not None and trainer.update % config.save_every == 0
-            if saving or trainer.update == config.updates or eval_due(config, trainer.update):
-                flush()  # metrics reach the store together with the checkpoint that reproduces them
-                trainer.save(checkpoint_dir(run_dir, trainer.update), tracker.run_id)
-            elif config.save_every is None and trainer.update % FLUSH_EVERY == 0:
-                flush()
-        if eval_due(config, config.updates):
-            pending.append({"update": config.updates, **evaluate_at(config.updates)})
-            flush()
-        final = trainer.save(run_dir / "final", tracker.run_id, resumable=False)
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        tracker.close(status)
-        if owns_evaluator:
-            evaluator.close()
-    if ranks.main:
-        write_json(
-            {
-                "run_id": tracker.run_id,
-                "tracking_uri": None if config.no_tracking else tracking_uri,
-                **fingerprints,
-                "updates": config.updates,
-                "final_model": str(final),
-            },
-            run_dir / RESULT_FILE,
+        torch.manual_seed(config.seed)
+        trainer = Trainer(
+            config, run.resume_from or inputs.model_dir, read_update, pi0, ranks, inputs.temperature
         )
+        run_id = trainer.restore(run.resume_from) if run.resume_from is not None else None
+        params = {"model_dir": str(inputs.model_dir), **_sampling_params(inputs.pool_meta)}
+        run.start(trainer.update, run_id, parent_run_id, inputs.fingerprints, params)
+        with tracking.ending(run.tracker):
+            while trainer.update < config.updates:
+                update = trainer.update
+                evaluation = evaluations.at(update, run.folder)
+                metrics = trainer.step(read_update(update))
+                run.record(update, evaluation, metrics, last=trainer.update == config.updates)
+                if on_update is not None:
+                    on_update(update, metrics)
+                done = trainer.update
+                saving = config.save_every is not None and done % config.save_every == 0
+                if saving or done == config.updates or evaluations.due(done):
+                    run.flush()  # metrics reach the store together with the checkpoint that reproduces them
+                    trainer.save(run.folder.checkpoint(done), run.run_id)
+                elif config.save_every is None and done % FLUSH_EVERY == 0:
+                    run.flush()
+            run.record(config.updates, evaluations.at(config.updates, run.folder))
+            run.flush()
+            final = trainer.save(run.folder.final, run.run_id, resumable=False)
+    run.finish(final, inputs.fingerprints)
+    fingerprints = inputs.fingerprints
     return TrainResult(
-        run_dir,
+        run.folder.path,
         final,
-        tracker.run_id,
+        run.run_id,
         fingerprints["pool_fingerprint"],
         fingerprints["data_order_fingerprint"],
-        history,
+        run.history,
     )
+
+
+def _sampling_params(pool_meta: dict) -> dict:
+    """The pool's sampling settings as MLflow params (pool_temperature, pool_top_p, ...)."""
+    return {f"pool_{k}": v for k, v in pool_meta.get("sampling", {}).items() if k != "seed"}

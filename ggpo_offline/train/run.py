@@ -1,0 +1,232 @@
+"""A run folder and its life: where each file sits, preparing or resuming it, and metrics flushed to it and
+to MLflow together. Reading a finished run (report, compare, CLI) needs only `RunFolder`, not torch."""
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ggpo_offline.errors import UserError
+from ggpo_offline.train.config import TrainConfig
+
+if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
+    from ggpo_offline.train.distributed import Ranks
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+"""Written last: a run folder holding it is a finished run (compare reuses such runs)."""
+EVAL_FOLDER = "eval"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_PREFIX = "update-"
+STATE_FILE = "trainer_state.pt"
+"""Written last into a checkpoint: a checkpoint folder holding it is complete and resumable."""
+FINAL = "final"
+FLUSH_EVERY = 20
+"""Without checkpoints, metrics still reach the tracker and metrics.jsonl this often (updates)."""
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Where each file of a run lives, and how a finished run is read back."""
+
+    path: Path
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def result_file(self) -> Path:
+        return self.path / RESULT_FILE
+
+    @property
+    def final(self) -> Path:
+        return self.path / FINAL
+
+    def checkpoint(self, update: int) -> Path:
+        return self.path / CHECKPOINTS / f"{CHECKPOINT_PREFIX}{update:06d}"
+
+    def eval_report(self, update: int) -> Path:
+        return self.path / EVAL_FOLDER / f"update-{update:06d}.json"
+
+    def is_empty(self) -> bool:
+        return not self.path.exists() or not any(self.path.iterdir())
+
+    def is_finished(self) -> bool:
+        return self.result_file.is_file()
+
+    def latest_checkpoint(self) -> Path | None:
+        """The resumable checkpoint with the highest update number, if any."""
+        folder = self.path / CHECKPOINTS
+        if not folder.is_dir():
+            return None
+        found = sorted(p for p in folder.glob(f"{CHECKPOINT_PREFIX}*") if (p / STATE_FILE).is_file())
+        return found[-1] if found else None
+
+    def read_config(self) -> dict:
+        """The settings and fingerprints the run was started with ({} when it never got that far)."""
+        return json.loads(self.config_file.read_text()) if self.config_file.is_file() else {}
+
+    def read_result(self) -> dict:
+        return json.loads(self.result_file.read_text())
+
+    def read_metrics(self) -> list[dict]:
+        if not self.metrics_file.is_file():
+            return []
+        return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
+
+    def read_evals(self) -> dict[int, dict]:
+        """Evaluation reports by update."""
+        paths = sorted((self.path / EVAL_FOLDER).glob("update-*.json"))
+        return {int(p.stem.removeprefix("update-")): json.loads(p.read_text()) for p in paths}
+
+    def append_metrics(self, records: list[dict]) -> None:
+        with self.metrics_file.open("a") as handle:
+            for record in records:
+                handle.write(json.dumps(record) + "\n")
+
+    def keep_metrics_before(self, update: int) -> list[dict]:
+        """Drop the records of ``update`` and later (a resumed run computes them again); the rest."""
+        kept = [r for r in self.read_metrics() if r["update"] < update]
+        if self.metrics_file.is_file():
+            self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        return kept
+
+
+class Run:
+    """One training run: its folder (made, replaced or resumed), its tracker, and its metric records, which
+    reach the tracker and metrics.jsonl together. Rank 0 alone writes; every rank takes part in the checks."""
+
+    def __init__(self, config: TrainConfig, ranks: "Ranks | None" = None, *, resume: bool, overwrite: bool):
+        from ggpo_offline.train.distributed import SINGLE_PROCESS
+
+        self.config, self.ranks = config, ranks or SINGLE_PROCESS
+        self.folder = RunFolder(config.run_dir)
+        self._prepare(resume, overwrite)
+        self.resume_from = self._resume_point() if resume else None
+        self.tracker = None
+        self.history: list[dict] = []
+        self.pending: list[dict] = []
+
+    def _prepare(self, resume: bool, overwrite: bool) -> None:
+        """A run folder is only reused on --resume and only replaced on --overwrite."""
+        from ggpo_offline.train.distributed import barrier
+
+        path, exists = self.folder.path, not self.folder.is_empty()
+        if exists and not resume and not overwrite:
+            raise UserError(
+                f"{path} already exists; pass --resume to continue it or --overwrite to replace it"
+            )
+        if resume and not exists:
+            raise UserError(f"--resume: {path} holds no run to resume")
+        barrier(self.ranks)  # every rank has checked the folder before rank 0 changes it
+        if self.ranks.main:
+            if exists and not resume:
+                shutil.rmtree(path)
+            path.mkdir(parents=True, exist_ok=True)
+        barrier(self.ranks)
+
+    def _resume_point(self) -> Path:
+        """The checkpoint ``--resume`` continues from, after checking it belongs to this run and job size."""
+        from ggpo_offline.train.checkpoint import load_state
+
+        checkpoint, path = self.folder.latest_checkpoint(), self.folder.path
+        if checkpoint is None:
+            raise UserError(f"--resume: {path} has no checkpoint to resume from")
+        run_state, _ = load_state(checkpoint, rank=None)
+        if "world" not in run_state:
+            raise UserError(f"--resume: {checkpoint} comes from an older ggpo-offline; start the run again")
+        if run_state["config"] != self.config.to_dict():
+            raise UserError(f"--resume: the settings differ from those of the run in {path}")
+        if run_state["world"] != self.ranks.world:
+            raise UserError(
+                f"--resume: {path} was trained by {run_state['world']} process(es); resume it with the same "
+                f"number (now {self.ranks.world})"
+            )
+        return checkpoint
+
+    # -- tracking --------------------------------------------------------------------------------------
+    def start(
+        self,
+        next_update: int,
+        run_id: str | None,
+        parent_run_id: str | None,
+        fingerprints: dict,
+        params: dict,
+    ) -> None:
+        """Open the tracker (a new run, or the resumed ``run_id``) and take the metric history before
+        ``next_update``. A new run logs the config and ``params``, tags its ``fingerprints``, package version
+        and method, and writes config.json (config and fingerprints, what compare checks before reusing)."""
+        from ggpo_offline import __version__, tracking
+
+        config = self.config
+        self.history = self.folder.keep_metrics_before(next_update) if self.ranks.main else []
+        self.tracker = tracking.start_tracking(
+            experiment=config.experiment or Path(config.pool).stem,
+            run_name=config.run_name,
+            tracking_uri=config.tracking_uri,
+            resume_run_id=run_id,
+            parent_run_id=parent_run_id,
+            enabled=not config.no_tracking and self.ranks.main,
+        )
+        if run_id is None and self.ranks.main:
+            self.tracker.log_params({**config.to_dict(), **params})
+            self.tracker.set_tags(
+                {**fingerprints, "ggpo_offline_version": __version__, "method": config.method}
+            )
+            self.tracker.log_dict(config.to_dict(), CONFIG_FILE)
+            self.folder.config_file.write_text(json.dumps({**config.to_dict(), **fingerprints}, indent=2))
+
+    @property
+    def run_id(self) -> str | None:
+        return None if self.tracker is None else self.tracker.run_id
+
+    def record(self, update: int, evaluation: dict, metrics: dict | None = None, last: bool = False) -> None:
+        """Keep the evaluation scores of ``update`` and its training metrics when it is a logged update (every
+        --log-every updates, and the last); a block's ESS, which exists only at the block's end, is kept
+        whatever the interval."""
+        record = {"update": update, **evaluation}
+        if metrics is not None and (update % self.config.log_every == 0 or last):
+            record.update(metrics)
+        elif metrics is not None and "mismatch/ess_block" in metrics:
+            record["mismatch/ess_block"] = metrics["mismatch/ess_block"]
+        if len(record) > 1:
+            self.pending.append(record)
+
+    def flush(self) -> None:
+        """Send the kept records to the tracker and metrics.jsonl."""
+        for record in self.pending:
+            self.tracker.log_metrics(
+                {k: v for k, v in record.items() if k != "update"}, step=record["update"]
+            )
+        self.tracker.flush()
+        if self.ranks.main:
+            self.folder.append_metrics(self.pending)
+        self.history.extend(self.pending)
+        self.pending = []
+
+    def finish(self, final: Path, fingerprints: dict) -> None:
+        """result.json, written last: the run is complete."""
+        from ggpo_offline import tracking
+        from ggpo_offline.evaluate import write_json
+
+        if self.ranks.main:
+            uri = (
+                None
+                if self.config.no_tracking
+                else self.config.tracking_uri or tracking.default_tracking_uri()
+            )
+            result = {
+                "run_id": self.run_id,
+                "tracking_uri": uri,
+                **fingerprints,
+                "updates": self.config.updates,
+                "final_model": str(final),
+            }
+            write_json(result, self.folder.result_file)
