@@ -8,7 +8,7 @@ ENGINE_STAMP := $(VENV)/.engine-$(if $(GPU),gpu,cpu)
 PROJECT_STAMP := $(VENV)/.project
 POOL ?= pools/base.parquet
 
-.PHONY: setup demo test bench lint clean-venv
+.PHONY: setup demo beyond test bench lint clean-venv
 
 setup: $(PROJECT_STAMP)
 
@@ -36,6 +36,14 @@ demo: setup
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
 	$(BIN)/ggpo pool validate $(POOL)
 	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234
+
+# The second paper's learners beside GGPO and GRPO on the same pool and plan (docs/beyond/).
+BEYOND_METHODS ?= proximal-kl,pg,cispo,is-free,rft,ggpo,grpo
+beyond: setup
+	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
+	else $(BIN)/ggpo generate-pool --out $(POOL); fi
+	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234 --methods $(BEYOND_METHODS) \
+		--out reports/beyond
 
 test: setup
 	$(BIN)/pytest -q -ra --durations=10

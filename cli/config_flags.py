@@ -7,17 +7,17 @@ from dataclasses import MISSING, fields
 
 import typer
 
-from ggpo_offline.train.config import PRESETS, TrainConfig, flag_name
+from ggpo_offline.train.config import PRESETS, WORDS, TrainConfig, flag_name
 
 _HINTS = typing.get_type_hints(TrainConfig)
 
 
 def _cli_type(name: str) -> type:
     """What the flag parses: the field's own scalar type; a list (a repeatable flag) for a tuple of strings;
-    text for a tuple of numbers ("1,4,8") and for ``ref_refresh`` (a number or 'never'), which the config
+    text for a tuple of numbers ("1,4,8") and for a count whose None is a word (`WORDS`), which the config
     converts with the same rules as a config file's values."""
     hint = _HINTS[name]
-    if name == "ref_refresh":
+    if name in WORDS:
         return str
     if typing.get_origin(hint) is tuple:
         return list[str] if typing.get_args(hint)[0] is str else str

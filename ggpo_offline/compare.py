@@ -336,7 +336,7 @@ def write_readme(
         "## Results",
         "",
         (report_dir / "table.md").read_text(),
-        "![eval accuracy, log ratio, ESS and gradient norm](figure.png)",
+        "![eval accuracy, log ratio, ESS, gradient norm and entropy](figure.png)",
         "",
         "## Pool",
         "",

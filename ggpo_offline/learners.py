@@ -1,7 +1,7 @@
 """The learner registry: each method as an explicit record that the trainer, CLI, compare and report read."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ANCHORS = ("behavior_logp", "old_logp", "ref_logp")
 """The constant log-prob inputs a loss can take besides logp: μ (stored), π_old (TIS blocks), π_ref."""
@@ -29,6 +29,10 @@ class Learner:
     """Where its update is defined (SPEC.md / the paper)."""
     style: dict
     """matplotlib line style of its curves."""
+    fixed: dict = field(default_factory=dict)
+    """Loss keywords this method fixes (PG: Proximal KL with β = 0), not taken from the config."""
+    provisional: tuple[str, ...] = ()
+    """Hyperparameters whose default is this toolkit's own (SPEC-beyond's PROVISIONAL), not the paper's."""
 
     @property
     def loss(self) -> Callable:
@@ -70,6 +74,52 @@ REGISTRY: tuple[Learner, ...] = (
         hyperparameters=("tis_cap", "clip_eps", "dual_clip", "kl_coef"), refreshes_reference=False,
         formula="SPEC.md GRPO+TIS; paper Appendix C.2, Eq. 61",
         style={"color": "#9467bd", "linestyle": "--"},
+    ),
+    Learner(
+        name="proximal-kl", label="Proximal KL", loss_name="proximal_kl_loss",
+        needs=("behavior_logp", "ref_logp"), hyperparameters=("beta", "horizon", "cost_bound"),
+        refreshes_reference=True, provisional=("beta", "horizon", "cost_bound", "ref_refresh"),
+        formula="SPEC-beyond §1; PKL paper Sec. 4, Eq. 5–7",
+        style={"color": "#8c564b", "linestyle": "-"},
+    ),
+    Learner(
+        name="pg", label="PG", loss_name="proximal_kl_loss",
+        needs=("behavior_logp",), hyperparameters=(), fixed={"beta": 0.0}, refreshes_reference=False,
+        formula="SPEC-beyond §1 with β = 0 (κ = w·Â)",
+        style={"color": "#7f7f7f", "linestyle": "--"},
+    ),
+    Learner(
+        name="cispo", label="CISPO", loss_name="cispo_loss",
+        needs=("behavior_logp",), hyperparameters=("cispo_low", "cispo_high"), refreshes_reference=False,
+        provisional=("cispo_high",),
+        formula="SPEC-beyond §2; MiniMax-M1 Eq. 4–5",
+        style={"color": "#e377c2", "linestyle": "-"},
+    ),
+    Learner(
+        name="seq-is", label="seq-IS", loss_name="seq_is_loss",
+        needs=("behavior_logp", "ref_logp"), hyperparameters=("beta", "horizon", "cost_bound"),
+        refreshes_reference=True, provisional=("beta", "horizon", "cost_bound", "ref_refresh"),
+        formula="SPEC-beyond §3; PKL paper Eq. 11 (GSPO-token)",
+        style={"color": "#bcbd22", "linestyle": "-."},
+    ),
+    Learner(
+        name="is-free", label="IS-free", loss_name="is_free_loss",
+        needs=("ref_logp",), hyperparameters=("beta", "horizon", "cost_bound"),
+        refreshes_reference=True, provisional=("beta", "horizon", "cost_bound", "ref_refresh"),
+        formula="SPEC-beyond §4; PKL paper Eq. 12",
+        style={"color": "#17becf", "linestyle": "-."},
+    ),
+    Learner(
+        name="ggpo-reward-only", label="GGPO reward-only", loss_name="ggpo_reward_only_loss",
+        needs=(), hyperparameters=("beta",), refreshes_reference=False,
+        formula="SPEC-beyond §5; GGPO paper App. D.6",
+        style={"color": "#1f77b4", "linestyle": ":"},
+    ),
+    Learner(
+        name="rft", label="RFT", loss_name="rft_loss",
+        needs=(), hyperparameters=(), refreshes_reference=False,
+        formula="rejection-sampling fine-tuning: NLL of the correct responses (this toolkit's control)",
+        style={"color": "#000000", "linestyle": ":"},
     ),
 )  # fmt: skip
 LEARNERS: dict[str, Learner] = {learner.name: learner for learner in REGISTRY}

@@ -12,7 +12,7 @@ from ggpo_offline.learners import LEARNERS
 from ggpo_offline.train.run import RunFolder
 
 SUITE = "suite"
-FIGURES = ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png")
+FIGURES = ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png", "entropy.png")
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ def _plot_diagnostic(ax, records: list[RunRecord], key: str, title: str, log: bo
 def _panels(
     records: list[RunRecord], methods: list[str], seed: int, scope: str
 ) -> list[tuple[str, Callable]]:
-    """(file name, draw function on an Axes) for each panel of Figure 4."""
+    """(file name, draw function on an Axes) for each panel: the paper's Figure 4, then the entropy."""
     first = [r for r in records if r.seed == seed]
     first.sort(key=lambda r: methods.index(r.method))
     return [
@@ -301,11 +301,15 @@ def _panels(
             "grad_norm.png",
             lambda ax: _plot_diagnostic(ax, first, "optim/grad_norm", "gradient norm", log=False),
         ),
+        (
+            "entropy.png",
+            lambda ax: _plot_diagnostic(ax, first, "policy/entropy", "token entropy (nats)", log=False),
+        ),
     ]
 
 
 def write_figures(records: list[RunRecord], methods: list[str], seeds: list[int], out: Path) -> list[Path]:
-    """figure.png (the four panels of the paper's Figure 4 side by side) and one PNG per panel."""
+    """figure.png (the paper's Figure 4 panels and the entropy, side by side) and one PNG per panel."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers and CI

@@ -10,7 +10,7 @@ import pytest
 
 from ggpo_offline.compare import CompareConfig, compare, run_configs
 from ggpo_offline.errors import UserError
-from ggpo_offline.report import RunRecord, check_data_plans, write_tables
+from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, write_tables
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -166,7 +166,7 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vl
     assert result.actions == {"grpo-s1": "train", "ggpo-s1": "train", "grpo-s2": "train", "ggpo-s2": "train"}
     for name in ("table.md", "table.csv", "README.md", "compare.json"):
         assert (report / name).stat().st_size > 0
-    for name in ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png"):
+    for name in FIGURES:
         assert (report / name).read_bytes()[:8] == PNG_SIGNATURE
 
     # One data plan per seed, shared by both methods and recorded in the README.

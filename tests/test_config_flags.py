@@ -21,6 +21,7 @@ def chosen_value(name: str):
         "method": "grpo-tis", "eval_engine": "hf", "pool": Path("elsewhere/p.parquet"), "out": Path("run/x"),
         "ref_refresh": 7, "eval_gpu_memory_fraction": 0.6, "eval_datasets": ("a.jsonl", "arith:train"),
         "eval_ks": (1, 2), "model": "some/model", "tracking_uri": "sqlite:///x.db", "experiment": "exp",
+        "cispo_low": 0.5,
     }  # fmt: skip
     if name in special:
         return special[name]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ggpo_offline.learners import LEARNERS, learner
-from ggpo_offline.losses import agro_loss, ggpo_loss, grpo_loss, grpo_tis_loss
+from ggpo_offline.losses import STAT_REDUCTIONS, agro_loss, ggpo_loss, grpo_loss, grpo_tis_loss
 
 TOL = dict(rtol=1e-9, atol=1e-12)
 BETA = 0.1
@@ -19,6 +19,13 @@ HYPER = {
     "agro": {"beta": BETA},
     "grpo": {},
     "grpo-tis": {},
+    "proximal-kl": {"beta": 0.5, "horizon": 2, "cost_bound": 0.25},
+    "pg": {"beta": 0.0},
+    "cispo": {"cispo_low": 0.8, "cispo_high": 1.28},
+    "seq-is": {"beta": 0.5, "horizon": 2, "cost_bound": 0.25},
+    "is-free": {"beta": 0.5, "horizon": None, "cost_bound": 0.25},
+    "ggpo-reward-only": {"beta": 0.5},
+    "rft": {},
 }
 
 
@@ -261,9 +268,13 @@ def test_micro_batches_with_global_token_count_sum_to_the_full_batch(name):
         part.loss.backward()  # accumulates into logp.grad, as a trainer does
     torch.testing.assert_close(batch["logp"].grad, full_grad, **TOL)
     torch.testing.assert_close(sum(part.loss for part in parts), full.loss, **TOL)
-    for key, value in full.stats.items():  # scalar stats sum, per-response / per-group stats concatenate
+    for key, value in full.stats.items():  # scalar stats sum (or as STAT_REDUCTIONS says), others concatenate
         pieces = [part.stats[key] for part in parts]
-        torch.testing.assert_close(sum(pieces) if value.dim() == 0 else torch.cat(pieces), value, **TOL)
+        if value.dim() > 0:
+            reduced = torch.cat(pieces)
+        else:
+            reduced = torch.stack(pieces).amax() if STAT_REDUCTIONS.get(key) == "max" else sum(pieces)
+        torch.testing.assert_close(reduced, value, **TOL)
         assert not value.requires_grad
 
 
@@ -286,9 +297,12 @@ def test_each_registry_record_matches_its_loss_signature_and_the_config(name):
     record = LEARNERS[name]
     parameters = inspect.signature(record.loss).parameters
     keywords = {p for p, v in parameters.items() if v.kind is v.KEYWORD_ONLY} - {"group_size", "token_count"}
-    assert set(record.hyperparameters) == keywords
+    chosen = set(record.hyperparameters) | set(record.fixed)
+    assert chosen == keywords if not record.fixed else chosen <= keywords  # PG fixes β = 0, so H is moot
     assert set(record.hyperparameters) <= {f.name for f in fields(TrainConfig)}
-    assert set(record.needs) == {p for p in parameters if p.endswith("_logp") and p != "logp"}
+    inputs = {p for p in parameters if p.endswith("_logp") and p != "logp"}
+    required = {p for p in inputs if parameters[p].default is inspect.Parameter.empty}
+    assert required <= set(record.needs) <= inputs
     assert record.refreshes_reference == (TrainConfig(method=name).ref_refresh is not None)
 
 

@@ -5,6 +5,7 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -167,6 +168,32 @@ def test_update_zero_mismatch_is_zero_on_a_pool_sampled_at_temperature_07(tmp_pa
         assert first["mismatch/ess"] == pytest.approx(1.0, abs=1e-6)
         assert first["ref/log_ratio"] == pytest.approx(0.0, abs=1e-6)
     assert first["policy/entropy"] > 0
+
+
+@pytest.mark.parametrize(
+    "method", ["proximal-kl", "pg", "cispo", "seq-is", "is-free", "ggpo-reward-only", "rft"]
+)
+def test_the_second_papers_learners_start_on_policy_and_repeat_exactly(hf_pool, tmp_path, method):
+    config = _config(hf_pool, tmp_path, method=method, updates=2, ref_refresh=None, out=tmp_path / "a")
+    first = train(config).metrics
+    assert train(replace(config, out=tmp_path / "b")).metrics == first
+    assert abs(first[0]["mismatch/k3"]) < 1e-6 and abs(first[0]["mismatch/drift"]) < 1e-6
+    assert first[0]["mismatch/ess"] == pytest.approx(1.0, abs=1e-6)
+    sums = pl.read_parquet(hf_pool).group_by("group_id").agg(pl.col("reward").sum())["reward"]
+    assert first[0]["train/filtered_frac"] == pytest.approx(((sums == 0) | (sums == 4)).mean())
+    assert first[1]["mismatch/drift"] > 0  # the policy moved
+    if method in ("proximal-kl", "seq-is", "is-free"):
+        assert first[0]["pkl/credit_mean"] == pytest.approx(0.0, abs=1e-6)  # π_ref = π0 = learner at update 0
+        assert first[0]["pkl/credit_var"] == pytest.approx(0.0, abs=1e-6)
+    if method in ("proximal-kl", "pg", "cispo", "seq-is"):
+        assert first[0]["is/w_max"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_learners_without_a_reference_refuse_a_refresh_interval(vllm_pool, tmp_path):
+    with pytest.raises(UserError, match="--ref-refresh: ggpo-reward-only has no reference to refresh"):
+        resolve_config(None, None, method="ggpo-reward-only", ref_refresh=10)
+    assert resolve_config(None, None, method="proximal-kl").ref_refresh == 160  # SPEC-beyond PROVISIONAL
+    assert resolve_config(None, None, method="is-free", horizon="full").horizon is None
 
 
 @pytest.mark.parametrize("method", ["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis"])

@@ -49,6 +49,18 @@ class TrainConfig:
         "T_ref: π_ref ← π_θ every N updates, or 'never' [default: 160 for learners that refresh (ggpo, "
         "ggpo-clip, agro), never for grpo and grpo-tis; a value given applies to every learner].",
     )
+    horizon: int | None = setting(
+        None,
+        "H: tokens of future KL credit of proximal-kl, seq-is and is-free, or 'full' for the whole tail "
+        "[default: full] (SPEC-beyond PROVISIONAL).",
+    )
+    cost_bound: float = setting(
+        0.05, "ε_F: bound on each token's KL cost in the future credit (SPEC-beyond PROVISIONAL)."
+    )
+    cispo_low: float = setting(0.0, "CISPO: lower bound c_lo of the detached token weight.")
+    cispo_high: float = setting(
+        1.28, "CISPO: upper bound c_hi of the detached token weight (SPEC-beyond PROVISIONAL)."
+    )
     tis_block: int = setting(8, "GRPO+TIS: π_old is recomputed at the start of every block of N updates.")
     tis_cap: float = setting(2.0, "GRPO+TIS: cap of the token weight π_old/μ.")
     clip_eps: float = setting(0.2, "GRPO/GRPO+TIS: PPO clip range ε of the token ratio.")
@@ -152,6 +164,10 @@ _FIELDS = {f.name: f for f in fields(TrainConfig)}
 _HINTS = typing.get_type_hints(TrainConfig)
 
 
+WORDS = {"ref_refresh": "never", "horizon": "full"}
+"""Counts whose None is spelled as a word in files and flags."""
+
+
 def flag_name(name: str) -> str:
     """The flag of a TrainConfig field, without dashes: its own name, or the one its metadata gives."""
     return _FIELDS[name].metadata.get("flag", name.replace("_", "-"))
@@ -166,11 +182,11 @@ def _normalize(values: dict, where: str) -> dict:
         name = by_flag.get(name, name)
         if name not in _FIELDS:
             raise UserError(f"{where}: unknown setting {key!r}")
-        if name == "ref_refresh" and value in ("never", "none", None):
+        if name in WORDS and value in (WORDS[name], "none", None):
             value = None
-        elif name == "ref_refresh" and isinstance(value, str):  # a flag's text
+        elif name in WORDS and isinstance(value, str):  # a flag's text
             if not value.strip().isdigit():
-                raise UserError(f"{where}: ref_refresh must be a number of updates or 'never', got {value!r}")
+                raise UserError(f"{where}: {name} must be a number or '{WORDS[name]}', got {value!r}")
             value = int(value)
         if name in ("pool", "out") and value is not None:
             value = Path(value)
@@ -255,6 +271,18 @@ def validate_config(config: TrainConfig) -> None:
         (config.beta > 0, f"--beta must be > 0, got {config.beta}"),
         (config.ref_refresh is None or config.ref_refresh >= 1, "--ref-refresh must be >= 1 or 'never'"),
         (config.tis_block >= 1, f"--tis-block must be >= 1, got {config.tis_block}"),
+        (config.horizon is None or config.horizon >= 0, "--horizon must be >= 0 or 'full'"),
+        (config.cost_bound > 0, f"--cost-bound must be > 0, got {config.cost_bound}"),
+        (
+            0 <= config.cispo_low <= config.cispo_high,
+            f"CISPO needs 0 <= --cispo-low <= --cispo-high, got {config.cispo_low}, {config.cispo_high}",
+        ),
+        (
+            config.ref_refresh is None
+            or config.method not in LEARNERS
+            or "ref_logp" in LEARNERS[config.method].needs,
+            f"--ref-refresh: {config.method} has no reference to refresh",
+        ),
         (config.log_every >= 1, f"--log-every must be >= 1, got {config.log_every}"),
         (config.ess_block >= 1, f"--ess-block must be >= 1, got {config.ess_block}"),
         (config.save_every is None or config.save_every >= 1, "--save-every must be >= 1"),

@@ -110,6 +110,15 @@ def all_sum(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     return total.to(value.device)
 
 
+def all_max(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """max over ranks, on the input's device (a copy)."""
+    if not ranks.distributed:
+        return value.detach().clone()
+    top = _on_backend_device(value.detach()).clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return top.to(value.device)
+
+
 def all_cat(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
     """Every rank's equally sized tensor, concatenated in rank order along dim 0, on the input's device."""
     value = value.detach().contiguous()

@@ -11,6 +11,7 @@ from ggpo_offline import diagnostics as diag
 from ggpo_offline.errors import UserError
 from ggpo_offline.evaluate import Evaluator
 from ggpo_offline.learners import LEARNERS
+from ggpo_offline.losses import DERIVED_STATS, STAT_REDUCTIONS, NonFiniteCoefficient
 from ggpo_offline.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
@@ -21,6 +22,7 @@ from ggpo_offline.train.distributed import (
     SINGLE_PROCESS,
     Ranks,
     all_cat,
+    all_max,
     all_sum,
     barrier,
     check_split,
@@ -117,7 +119,10 @@ class Trainer:
             weight_decay=config.weight_decay,
         )
         self.loss_fn = self.learner_record.loss
-        self.loss_kwargs = {name: getattr(config, name) for name in self.learner_record.hyperparameters}
+        self.loss_kwargs = {
+            **{name: getattr(config, name) for name in self.learner_record.hyperparameters},
+            **self.learner_record.fixed,
+        }
         self.update = 0
         self.ess_log_weights: list[torch.Tensor] = []
 
@@ -192,7 +197,7 @@ class Trainer:
         token_count = all_sum(batch.mask.sum(), self.ranks).to(self.device)  # T_tok of the whole minibatch
         responses = batch.num_responses * self.ranks.world
         self.optimizer.zero_grad(set_to_none=True)
-        sums = dict.fromkeys(SUMMED_METRICS, 0.0)
+        sums = dict.fromkeys([k for k in SUMMED_METRICS if self.needs_ref or k != "ref/log_ratio"], 0.0)
         seq_log_weights, qs, stats = [], [], []
         micros = batch.split(self.config.micro_batch_size)
         for position, micro in enumerate(micros):
@@ -200,15 +205,20 @@ class Trainer:
             mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
             with gradient_sync(self.learner, enabled=position == len(micros) - 1):
                 logp, entropy = self.learner(micro, with_entropy=True, forward_tokens=self.forward_tokens)
-                out = self.loss_fn(
-                    logp=logp,
-                    mask=mask,
-                    rewards=micro.rewards.to(self.device),
-                    group_size=micro.group_size,
-                    token_count=token_count,
-                    **constants,
-                    **self.loss_kwargs,
-                )
+                try:
+                    out = self.loss_fn(
+                        logp=logp,
+                        mask=mask,
+                        rewards=micro.rewards.to(self.device),
+                        group_size=micro.group_size,
+                        token_count=token_count,
+                        **constants,
+                        **self.loss_kwargs,
+                    )
+                except NonFiniteCoefficient as error:
+                    raise UserError(
+                        f"{error} at update {self.update}; stopped before writing a checkpoint"
+                    ) from None
                 # DDP and FSDP2 average gradients over ranks; a loss normalized by the global T_tok wants
                 # their sum, the 1-process gradient.
                 (out.loss * self.ranks.world).backward()
@@ -219,9 +229,10 @@ class Trainer:
                 logp, behavior, mask, token_count=token_count
             ).item()
             sums["policy/entropy"] += diag.token_entropy_mean(entropy, mask, token_count=token_count).item()
-            sums["ref/log_ratio"] += diag.ref_log_ratio(
-                logp, constants["ref_logp"], mask, response_count=responses
-            ).item()
+            if self.needs_ref:
+                sums["ref/log_ratio"] += diag.ref_log_ratio(
+                    logp, constants["ref_logp"], mask, response_count=responses
+                ).item()
             seq_log_weights.append(diag.sequence_log_weights(logp, behavior, mask))
             if "q" in out.stats:
                 qs.append(out.stats["q"])
@@ -271,13 +282,22 @@ class Trainer:
             success = diag.success_ess(q, rewards, batch.group_size)
             if success is not None:
                 metrics["ggpo/success_ess"] = success.item()
+        learner_stats = {}
         for key in stats[0]:
-            if stats[0][key].dim() == 0:  # scalar statistics of the learner, summed over micro-batches
-                total = all_sum(torch.stack([s[key].detach().double() for s in stats]).sum(), self.ranks)
-                metrics[f"{self.config.method}/{key}"] = total.item()
+            values = [s[key].detach().double() for s in stats]
+            if values[0].dim() == 0 and STAT_REDUCTIONS.get(key) == "max":
+                learner_stats[key] = all_max(torch.stack(values).amax(), self.ranks).item()
+            elif values[0].dim() == 0:  # scalar statistics of the learner, summed over micro-batches
+                learner_stats[key] = all_sum(torch.stack(values).sum(), self.ranks).item()
             elif key == "group_loss":
-                group_loss = everyone(torch.cat([s[key] for s in stats]))
-                metrics[f"{self.config.method}/group_loss"] = group_loss.mean().item()
+                learner_stats[key] = everyone(torch.cat(values)).mean().item()
+        for key, (inputs, derive) in DERIVED_STATS.items():
+            if all(name in learner_stats for name in inputs):
+                learner_stats[key] = derive(*(learner_stats[name] for name in inputs))
+        # Learner-specific keys are named by the method (grpo/clip_frac); shared families keep their own
+        # prefix (pkl/credit_mean, is/w_max, cispo/clip_frac_low), as SPEC-beyond names them.
+        for key, value in learner_stats.items():
+            metrics[key if "/" in key else f"{self.config.method}/{key}"] = value
         self.ess_log_weights.append(seq_log_weights.cpu())
         if len(self.ess_log_weights) == self.config.ess_block:
             metrics["mismatch/ess_block"] = diag.sequence_ess(torch.cat(self.ess_log_weights)).item()
@@ -303,6 +323,11 @@ class RunInputs:
     index: PoolIndex
     plan: list
     fingerprints: dict
+
+    @property
+    def filtered_frac(self) -> float:
+        """`train/filtered_frac`: the share of the pool's groups the mixed-reward filter removes."""
+        return 1 - len(self.index.mixed_group_ids) / self.index.total_groups
 
 
 def read_inputs(config: TrainConfig, ranks: Ranks = SINGLE_PROCESS) -> RunInputs:
@@ -383,7 +408,7 @@ def train(
             while trainer.update < config.updates:
                 update = trainer.update
                 evaluation = evaluations.at(update, run.folder)
-                metrics = trainer.step(read_update(update))
+                metrics = {**trainer.step(read_update(update)), "train/filtered_frac": inputs.filtered_frac}
                 run.record(update, evaluation, metrics, last=trainer.update == config.updates)
                 if on_update is not None:
                     on_update(update, metrics)
