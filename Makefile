@@ -8,7 +8,7 @@ ENGINE_STAMP := $(VENV)/.engine-$(if $(GPU),gpu,cpu)
 PROJECT_STAMP := $(VENV)/.project
 POOL ?= pools/base.parquet
 
-.PHONY: setup demo beyond test bench lint clean-venv
+.PHONY: setup demo beyond test bench gpu-check lint clean-venv
 
 setup: $(PROJECT_STAMP)
 
@@ -59,6 +59,11 @@ bench: setup
 	echo; echo "## 6. make demo by stage"; echo; $(BIN)/python bench/demo_stages.py; } > bench/results.md.tmp
 	mv bench/results.md.tmp bench/results.md
 	cat bench/results.md
+
+# On a bare GPU machine (PyTorch + transformers, no network, no set-up): CUDA numerics of every learner and
+# of the log-prob path, and the learner step at the paper's geometry -> bench/gpu-results.md (~minutes).
+gpu-check:
+	PYTHONPATH=. $(PYTHON) bench/gpu_check.py
 
 lint: setup
 	$(BIN)/ruff check .

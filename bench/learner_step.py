@@ -23,7 +23,7 @@ PATHS = ("full", "chunked", "trainer")
 def _batch(vocab: int, groups: int, m: int, prompt: int, lengths: tuple[int, int], seed: int):
     import torch
 
-    from ggpo_offline.train.batch import Minibatch
+    from ggpo_offline.train.minibatch import Minibatch
 
     generator = torch.Generator().manual_seed(seed)
     B = groups * m

@@ -3,9 +3,6 @@
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-ANCHORS = ("behavior_logp", "old_logp", "ref_logp")
-"""The constant log-prob inputs a loss can take besides logp: μ (stored), π_old (TIS blocks), π_ref."""
-
 
 @dataclass(frozen=True)
 class Learner:
@@ -19,7 +16,8 @@ class Learner:
     """Its loss: the pure function of that name in `ggpo_offline.losses` (looked up when used, so that
     reading the registry, e.g. for ``ggpo --help``, does not import torch)."""
     needs: tuple[str, ...]
-    """The constant log-probs its loss takes (of ANCHORS); the trainer prepares only these."""
+    """The constant log-probs its loss takes (behavior_logp: μ as stored; old_logp: π_old of a TIS block;
+    ref_logp: π_ref); the trainer prepares only these."""
     hyperparameters: tuple[str, ...]
     """Its loss's keyword settings, each a TrainConfig field of the same name (checked by a test)."""
     refreshes_reference: bool
@@ -31,8 +29,6 @@ class Learner:
     """matplotlib line style of its curves."""
     fixed: dict = field(default_factory=dict)
     """Loss keywords this method fixes (PG: Proximal KL with β = 0), not taken from the config."""
-    provisional: tuple[str, ...] = ()
-    """Hyperparameters whose default is this toolkit's own (SPEC-beyond's PROVISIONAL), not the paper's."""
 
     @property
     def loss(self) -> Callable:
@@ -78,7 +74,7 @@ REGISTRY: tuple[Learner, ...] = (
     Learner(
         name="proximal-kl", label="Proximal KL", loss_name="proximal_kl_loss",
         needs=("behavior_logp", "ref_logp"), hyperparameters=("beta", "horizon", "cost_bound"),
-        refreshes_reference=True, provisional=("beta", "horizon", "cost_bound", "ref_refresh"),
+        refreshes_reference=True,
         formula="SPEC-beyond §1; PKL paper Sec. 4, Eq. 5–7",
         style={"color": "#8c564b", "linestyle": "-"},
     ),
@@ -91,21 +87,20 @@ REGISTRY: tuple[Learner, ...] = (
     Learner(
         name="cispo", label="CISPO", loss_name="cispo_loss",
         needs=("behavior_logp",), hyperparameters=("cispo_low", "cispo_high"), refreshes_reference=False,
-        provisional=("cispo_high",),
         formula="SPEC-beyond §2; MiniMax-M1 Eq. 4–5",
         style={"color": "#e377c2", "linestyle": "-"},
     ),
     Learner(
         name="seq-is", label="seq-IS", loss_name="seq_is_loss",
         needs=("behavior_logp", "ref_logp"), hyperparameters=("beta", "horizon", "cost_bound"),
-        refreshes_reference=True, provisional=("beta", "horizon", "cost_bound", "ref_refresh"),
+        refreshes_reference=True,
         formula="SPEC-beyond §3; PKL paper Eq. 11 (GSPO-token)",
         style={"color": "#bcbd22", "linestyle": "-."},
     ),
     Learner(
         name="is-free", label="IS-free", loss_name="is_free_loss",
         needs=("ref_logp",), hyperparameters=("beta", "horizon", "cost_bound"),
-        refreshes_reference=True, provisional=("beta", "horizon", "cost_bound", "ref_refresh"),
+        refreshes_reference=True,
         formula="SPEC-beyond §4; PKL paper Eq. 12",
         style={"color": "#17becf", "linestyle": "-."},
     ),

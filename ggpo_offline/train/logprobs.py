@@ -6,8 +6,8 @@ import torch
 
 from ggpo_offline.diagnostics import token_entropy
 from ggpo_offline.errors import UserError
-from ggpo_offline.train.batch import Minibatch
 from ggpo_offline.train.config import FORWARD_TOKENS
+from ggpo_offline.train.minibatch import Minibatch
 
 CHUNK_LOGITS = 2**25
 """fp32 logits held at once by the head/log-softmax (128 MB): a chunk is CHUNK_LOGITS // V response tokens,
