@@ -51,7 +51,7 @@ test: setup
 # Speed and memory, each printed as ratios against a baseline measured in the same run -> bench/results.md
 bench: setup
 	@{ echo "# Benchmarks"; echo; echo "Measured by \`make bench\` on $$(nproc) CPU cores, $$(date -u +%Y-%m-%d)."; \
-	echo; echo "## 1-2. Learner step: chunked log-probs and length-sorted forwards vs the straightforward path; FLOP/s"; echo; \
+	echo; echo "## 1-2. Learner step: the chunked head; padded, length-sorted and packed forwards at a realistic shape"; echo; \
 	$(BIN)/python bench/learner_step.py; \
 	echo; echo "## 3. Generation: vLLM vs the hf engine"; echo; $(BIN)/python bench/generation.py 2>/dev/null; \
 	echo; echo "## 4. Reward: math-verify workers"; echo; $(BIN)/python bench/reward.py; \

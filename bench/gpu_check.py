@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from learner_step import _batch  # noqa: E402  (the benchmarks' random minibatch)
+from learner_step import _batch, matmul_peak, path_functions, sync, useful_flops  # noqa: E402
 
 # Qwen3-1.7B-Base (its config.json) and the paper's offline geometry (SPEC "Paper defaults"): G·m = 256
 # responses of up to 2,048 tokens, micro-batches of whole groups.
@@ -108,8 +108,9 @@ def _hyper(name: str) -> dict:
 
 def check_logprobs(device: torch.device) -> list[str]:
     """The trainer's log-prob path on ``device`` (its numerics: bf16 autocast on CUDA) against the CPU in
-    fp32, and against the straightforward full-vocabulary path on the same device (values, gradients)."""
-    from ggpo_offline.train.logprobs import full_vocab_logprobs, response_logprobs
+    fp32, against the straightforward full-vocabulary path and against length-sorted padded forwards on
+    the same device (values, gradients)."""
+    from ggpo_offline.train.logprobs import response_logprobs
 
     shape = dict(TOY, hidden_size=128, num_hidden_layers=2, vocab_size=8_192)
     batch = _batch(shape["vocab_size"], groups=2, m=4, prompt=16, lengths=(8, 64), seed=1)
@@ -118,54 +119,41 @@ def check_logprobs(device: torch.device) -> list[str]:
         cpu_logp, _ = response_logprobs(cpu_model, batch)
     model = _model(shape, device)
     results = {}
-    for name, path in (("trainer", response_logprobs), ("full", full_vocab_logprobs)):
+    for name in ("packed", "full", "length-sorted"):
         model.zero_grad(set_to_none=True)
-        logp, _ = path(model, batch, with_entropy=True)
+        logp, _ = path_functions()[name](model, batch, with_entropy=True)
         (logp * batch.mask.to(device)).sum().backward()
         results[name] = (logp.detach().cpu(), model.model.layers[0].mlp.up_proj.weight.grad.detach().cpu())
     mask = batch.mask.bool()
-    vs_cpu = (results["trainer"][0] - cpu_logp)[mask].abs().max().item()
-    vs_full = (results["trainer"][0] - results["full"][0])[mask].abs().max().item()
-    grad_gap = (results["trainer"][1] - results["full"][1]).abs().max().item()
-    grad_scale = results["full"][1].abs().max().item()
     tolerance = 5e-2 if device.type == "cuda" else 1e-4  # bf16 autocast on CUDA, fp32 on the CPU
-    assert vs_cpu < tolerance and vs_full < tolerance and grad_gap < tolerance * max(grad_scale, 1), (
-        vs_cpu, vs_full, grad_gap)  # fmt: skip
-    numerics = "bf16 autocast, fp32 weights" if device.type == "cuda" else "fp32"
-    return [
-        f"Numerics on {device.type}: {numerics}. Largest differences over {int(batch.mask.sum())} tokens:",
+    lines = [
+        f"Numerics on {device.type}: "
+        f"{'bf16 autocast, fp32 weights' if device.type == 'cuda' else 'fp32'}. Largest differences over "
+        f"{int(batch.mask.sum())} tokens of the trainer's path (packed forwards, chunked head):",
         "",
-        f"- trainer path vs the CPU in fp32: {vs_cpu:.2e} nats",
-        f"- trainer path vs the full-vocabulary path, same device: {vs_full:.2e} nats; gradient "
-        f"{grad_gap:.2e} (largest entry {grad_scale:.2e})",
+        f"- vs the CPU in fp32: {(results['packed'][0] - cpu_logp)[mask].abs().max().item():.2e} nats",
     ]
-
-
-def matmul_peak(device: torch.device, dtype: torch.dtype, size: int, seconds: float = 3.0) -> float:
-    """Best matmul FLOP/s of short bursts, measured in this run."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    best, deadline = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(8):
-            torch.mm(a, b)
-        _sync(device)
-        best = max(best, 8 * 2 * size**3 / (time.perf_counter() - start))
-    return best
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    assert (results["packed"][0] - cpu_logp)[mask].abs().max() < tolerance
+    for other in ("full", "length-sorted"):
+        value_gap = (results["packed"][0] - results[other][0])[mask].abs().max().item()
+        grad_gap = (results["packed"][1] - results[other][1]).abs().max().item()
+        grad_scale = results[other][1].abs().max().item()
+        assert value_gap < tolerance and grad_gap < tolerance * max(grad_scale, 1), (
+            other,
+            value_gap,
+            grad_gap,
+        )
+        lines.append(
+            f"- vs the {other} path, same device: {value_gap:.2e} nats; gradient {grad_gap:.2e} (largest "
+            f"entry {grad_scale:.2e})"
+        )
+    return lines
 
 
 def learner_step(device: torch.device, cpu_mode: bool) -> list[str]:
-    """Forward + backward + GGPO loss over every micro-batch of one minibatch, for the trainer's path and
-    the straightforward one: tokens/s, model FLOP/s as a fraction of the matmul peak, peak memory."""
-    from ggpo_offline.train.logprobs import full_vocab_logprobs, response_logprobs
-
+    """Forward + backward + GGPO loss over every micro-batch of one minibatch, for the trainer's path
+    (packed), length-sorted padded forwards and the straightforward one: tokens/s, useful FLOP/s as a
+    fraction of the matmul peak, peak memory."""
     shape = TOY if cpu_mode else QWEN3_17B
     geometry = dict(GEOMETRY["cpu" if cpu_mode else "gpu"])
     micro_groups = geometry.pop("micro_groups")
@@ -176,35 +164,28 @@ def learner_step(device: torch.device, cpu_mode: bool) -> list[str]:
     params = sum(p.numel() for p in model.parameters())
     peak_dtype = torch.float32 if cpu_mode else torch.bfloat16
     peak = matmul_peak(device, peak_dtype, 512 if cpu_mode else 8192)
-    # 6·params per processed token, plus causal attention: 6 · layers · 2 · positions² · heads · head_dim / 2
-    attention = sum(int(n) ** 2 for n in batch.attention_mask.sum(dim=1).tolist())
-    flops = 6 * params * processed + 6 * shape["num_hidden_layers"] * shape["num_attention_heads"] * (
-        shape["head_dim"] * attention)  # fmt: skip
+    flops = useful_flops(shape, batch)
     rows = [
         f"Random-init Qwen3 ({params / 1e6:,.1f}M parameters, hidden {shape['hidden_size']}, "
         f"{shape['num_hidden_layers']} layers, vocabulary {shape['vocab_size']:,}); {batch.num_responses} "
         f"responses in groups of {batch.group_size}, {len(micros)} micro-batches of {micro_groups} group(s); "
-        f"{tokens:,} response tokens, {processed:,} positions. Matmul peak measured in this run "
-        f"({peak_dtype}): {peak / 1e12:,.2f} TFLOP/s.",
+        f"{tokens:,} response tokens, {processed:,} positions, {flops / 1e12:,.1f} TFLOP of useful work. "
+        f"Matmul peak measured in this run ({peak_dtype}): {peak / 1e12:,.2f} TFLOP/s.",
         "",
-        "| path | seconds per minibatch | tokens/s | model FLOP/s / peak | peak memory (GB) |",
+        "| path | seconds per minibatch | tokens/s | useful FLOP/s / peak | peak memory (GB) |",
         "|---|---:|---:|---:|---:|",
     ]
-    paths = {
-        "trainer (chunked head, length-sorted)": response_logprobs,
-        "straightforward": full_vocab_logprobs,
-    }
-    for name, path in paths.items():
+    names = {"packed": "trainer (packed, chunked head)", "length-sorted": "length-sorted padded",
+             "full": "straightforward (padded, full vocabulary)"}  # fmt: skip
+    for path, name in names.items():
         try:
-            seconds, memory = _time_step(model, micros, path, tokens, device)
+            seconds, memory = _time_step(model, micros, path_functions()[path], tokens, device)
         except torch.OutOfMemoryError:
             rows.append(f"| {name} | out of memory | | | |")
             torch.cuda.empty_cache()
             continue
         rate, mfu = tokens / seconds, flops / seconds / peak
         rows.append(f"| {name} | {seconds:.2f} | {rate:,.0f} | {mfu:.1%} | {memory:.1f} |")
-    rows.append("")
-    rows.append("Packed (padding-free) forwards: not implemented yet (issue 16, item 2).")
     return rows
 
 
@@ -224,10 +205,10 @@ def _time_step(model, micros, path, tokens: int, device: torch.device) -> tuple[
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     step()
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     step()
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - start
     memory = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else float("nan")
     return seconds, memory

@@ -212,7 +212,7 @@ def compare(
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
         # π0's log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one).
         initial_model = initial_model_dir(shared.model, read_pool_metadata(Path(config.pool)))
-        score_pool(Path(config.pool), initial_model, device_of())
+        score_pool(Path(config.pool), initial_model, device_of(), packed=not shared.no_packing)
         # One engine and one evaluation protocol for every run: the base model is evaluated once.
         with Evaluator(eval_config(shared, initial_model), engine) as evaluator:
             for position, run in enumerate(planned):

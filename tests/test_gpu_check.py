@@ -27,7 +27,13 @@ def test_cpu_mode_runs_every_section_and_writes_the_report(tmp_path):
     ]
     assert all(section in report for section in sections)
     assert all(f"| {name} |" in report for name in LEARNERS)  # each learner checked against fp64
-    assert "| trainer (chunked head, length-sorted) |" in report and "| straightforward |" in report
+    paths = [
+        "trainer (packed, chunked head)",
+        "length-sorted padded",
+        "straightforward (padded, full vocabulary)",
+    ]
+    assert all(f"| {path} |" in report for path in paths)
+    assert "- vs the full path" in report and "- vs the length-sorted path" in report
     assert "2 updates in" in report and "ESS 1.0000" in report
 
 

@@ -142,9 +142,10 @@ def test_length_buckets_sort_rows_longest_first_within_the_forward_budget():
     assert length_buckets(lengths, forward_tokens=1) == [[5], [1], [3], [2], [6], [4], [0]]
 
 
-def test_update_zero_mismatch_is_exactly_zero_on_a_float32_hf_pool(hf_pool, tmp_path):
+@pytest.mark.parametrize("no_packing", [False, True], ids=["packed", "padded"])
+def test_update_zero_mismatch_is_exactly_zero_on_a_float32_hf_pool(hf_pool, tmp_path, no_packing):
     """Physics check: the learner at update 0 is the behavior policy, so K3 = drift = 0 and ESS = 1."""
-    result = train(_config(hf_pool, tmp_path, updates=1, method="ggpo"))
+    result = train(_config(hf_pool, tmp_path, updates=1, method="ggpo", no_packing=no_packing))
     first = result.metrics[0]
     assert first["update"] == 0
     assert abs(first["mismatch/k3"]) < 1e-6 and abs(first["mismatch/drift"]) < 1e-6
@@ -438,12 +439,17 @@ def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, ti
     batch = MinibatchReader(pool, index, pad_id=0).read(index.mixed_group_ids[[4, 1, 7]].tolist())
     torch.testing.assert_close(cache.logprobs(batch), _logprobs_under(tiny_dir, batch), atol=1e-5, rtol=0)
     key = cache_key(pool, tiny_dir, device, 1.0, sharded=False)
-    assert (key["temperature"], key["numerics"]) == (1.0, "fp32 (cpu)")
+    assert (key["temperature"], key["numerics"]) == (1.0, "fp32 (cpu), packed")
     with pytest.raises(UserError, match="is not the π0 cache of this pool and model"):
         Pi0Cache(cache.path, {**key, "weights_sha256": "0" * 64})
     # FSDP2 computes in bf16 on CUDA (not on CPU): such a learner's π0 has its own cache there.
     assert score_pool(pool, tiny_dir, device, sharded=True).path == cache.path
     assert numerics(torch.device("cuda"), sharded=True) != numerics(torch.device("cuda"), sharded=False)
+    padded = score_pool(pool, tiny_dir, device, packed=False)  # --no-packing: other numerics, rescored
+    assert padded.path == cache.path and padded.path.stat().st_mtime_ns != stamp
+    torch.testing.assert_close(padded.logprobs(batch), cache.logprobs(batch), atol=1e-5, rtol=0)
+    with pytest.raises(UserError, match="is not the π0 cache of this pool and model"):
+        Pi0Cache(cache.path, key)  # the packed key no longer matches the file
 
 
 def test_scheduled_anchor_passes_equal_what_frozen_copies_would_compute(vllm_pool, tiny_dir, tmp_path):

@@ -76,7 +76,13 @@ class TrainConfig:
     )
     forward_tokens: int = setting(
         FORWARD_TOKENS,
-        "Padded (prompt + response) positions per length-sorted decoder forward inside a pass.",
+        "Prompt + response positions per decoder forward inside a pass (padded ones count with "
+        "--no-packing).",
+    )
+    no_packing: bool = setting(
+        False,
+        "Run each pass's rows as length-sorted padded forwards instead of packed padding-free ones "
+        "(per-document attention; models whose attention cannot be packed are padded anyway).",
     )
     fsdp: bool = setting(
         False, "With several processes: shard the model with FSDP2 instead of replicating it with DDP (GPUs)."

@@ -8,6 +8,7 @@ from ggpo_offline.diagnostics import token_entropy
 from ggpo_offline.errors import UserError
 from ggpo_offline.train.config import FORWARD_TOKENS
 from ggpo_offline.train.minibatch import Minibatch
+from ggpo_offline.train.packing import packed_hidden_states, packing_supported
 
 CHUNK_LOGITS = 2**25
 """fp32 logits held at once by the head/log-softmax (128 MB): a chunk is CHUNK_LOGITS // V response tokens,
@@ -30,19 +31,26 @@ def _response_positions(batch: Minibatch, length: int, device: torch.device) -> 
     return positions.clamp(max=length - 1)
 
 
-def length_buckets(lengths: list[int], forward_tokens: int | None) -> list[list[int]]:
-    """Row indices, longest first, cut into runs whose padded size (rows × their longest) fits
-    ``forward_tokens``; a row longer than that gets a forward of its own. None: one forward for all."""
+def length_buckets(lengths: list[int], forward_tokens: int | None, packed: bool = False) -> list[list[int]]:
+    """Row indices, longest first, cut into runs whose size fits ``forward_tokens``: rows × their longest
+    when padded, the sum of their lengths when ``packed``; a row longer than that gets a forward of its
+    own. None: one forward for all."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     if forward_tokens is None:
         return [order]
     buckets: list[list[int]] = []
     for i in order:
-        if buckets and (len(buckets[-1]) + 1) * lengths[buckets[-1][0]] <= forward_tokens:
-            buckets[-1].append(i)
+        bucket = buckets[-1] if buckets else None
+        if bucket and _forward_size([lengths[j] for j in bucket] + [lengths[i]], packed) <= forward_tokens:
+            bucket.append(i)
         else:
             buckets.append([i])
     return buckets
+
+
+def _forward_size(lengths: list[int], packed: bool) -> int:
+    """Positions a forward over rows of these lengths (longest first) computes."""
+    return sum(lengths) if packed else len(lengths) * lengths[0]
 
 
 def response_logprobs(
@@ -52,14 +60,17 @@ def response_logprobs(
     chunk_tokens: int | None = None,
     forward_tokens: int | None = FORWARD_TOKENS,
     temperature: float = 1.0,
+    packed: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log π(a_t | x, a_<t)`` for every response token, ``(B, T)``; padding positions hold 0.
 
     π is the model's distribution at the pool's sampling ``temperature``: softmax(logits / T), the
     distribution the engine sampled from and stored log-probs of (the entropy is that distribution's too).
 
-    The decoder runs over prompt + response in length-sorted forwards (`length_buckets`), each cut to its
-    own longest row, so little compute goes to padding; the output head and the fp32 log-softmax then run
+    The decoder runs over prompt + response in forwards of at most ``forward_tokens`` positions
+    (`length_buckets`): ``packed`` (where `packing_supported`), the rows of a forward are one padding-free
+    sequence with per-document attention (`packing`); otherwise each forward is cut to its own longest
+    row, rows length-sorted, so little compute goes to padding. The output head and the fp32 log-softmax run
     only on the valid response tokens, ``chunk_tokens`` at a time (default ``CHUNK_LOGITS // V``;
     `TokenLogprobs`), gathering the sampled token's log-prob and, when asked, the full-vocabulary entropy.
     Peak memory no longer grows with ``B·T·V``; values and gradients equal ``full_vocab_logprobs``
@@ -72,18 +83,26 @@ def response_logprobs(
         return full_vocab_logprobs(model, batch, with_entropy, temperature)
     _check_vocabulary(model, batch)
     device = next(model.parameters()).device
+    packed = packed and packing_supported(model)
     lengths = batch.attention_mask.sum(dim=1)
     states, token_rows, token_cols = [], [], []
-    for bucket in length_buckets(lengths.tolist(), forward_tokens):
+    for bucket in length_buckets(lengths.tolist(), forward_tokens, packed):
         rows, width = torch.tensor(bucket), int(lengths[bucket[0]])
-        with autocast_for(device):
-            hidden = model.get_decoder()(
-                input_ids=batch.input_ids[rows, :width].to(device),
-                attention_mask=batch.attention_mask[rows, :width].to(device),
-            ).last_hidden_state  # (rows, width, H)
         r, c = batch.mask[rows].nonzero(as_tuple=True)  # valid response tokens of these rows
-        positions = (batch.prompt_lengths[rows][r] - 1 + c).to(device)
-        states.append(hidden[r.to(device), positions])
+        positions = batch.prompt_lengths[rows][r] - 1 + c  # of each token's predicting logits, in its row
+        with autocast_for(device):
+            if packed:
+                hidden, starts = packed_hidden_states(
+                    model.get_decoder(), batch.input_ids[rows, :width], batch.attention_mask[rows, :width],
+                    device,
+                )  # fmt: skip
+                states.append(hidden[starts[r.to(device)] + positions.to(device)])
+            else:
+                hidden = model.get_decoder()(
+                    input_ids=batch.input_ids[rows, :width].to(device),
+                    attention_mask=batch.attention_mask[rows, :width].to(device),
+                ).last_hidden_state  # (rows, width, H)
+                states.append(hidden[r.to(device), positions.to(device)])
         token_rows.append(rows[r])
         token_cols.append(c)
     index = (torch.cat(token_rows).to(device), torch.cat(token_cols).to(device))
@@ -119,17 +138,19 @@ class ResponseLogprobs(torch.nn.Module):
     """A causal LM whose forward is `response_logprobs`: one module call per micro-batch, so DDP's and
     FSDP2's hooks (gradient reduction, parameter gathering) see every use of the weights, head included."""
 
-    def __init__(self, model: torch.nn.Module, temperature: float = 1.0):
+    def __init__(self, model: torch.nn.Module, temperature: float = 1.0, packed: bool = True):
         super().__init__()
         self.model = model
         self.temperature = temperature
+        self.packed = packed
 
     def forward(
         self, batch: Minibatch, with_entropy: bool = False, forward_tokens: int | None = FORWARD_TOKENS
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return response_logprobs(
-            self.model, batch, with_entropy, forward_tokens=forward_tokens, temperature=self.temperature
-        )
+            self.model, batch, with_entropy, forward_tokens=forward_tokens, temperature=self.temperature,
+            packed=self.packed,
+        )  # fmt: skip
 
 
 class TokenLogprobs(torch.autograd.Function):

@@ -40,12 +40,14 @@ CACHE_SCHEMA = pa.schema(
 GROUPS_PER_PASS = 8
 
 
-def numerics(device: torch.device, sharded: bool = False) -> str:
-    """The learner's numerics (`compute_dtype`, autocast): a cache is only valid for the same ones."""
+def numerics(device: torch.device, sharded: bool = False, packed: bool = True) -> str:
+    """The learner's numerics (`compute_dtype`, autocast, packed or padded forwards): a cache is only
+    valid for the same ones."""
+    layout = "packed" if packed else "padded"
     if device.type != "cuda":
-        return "fp32 (cpu)"
+        return f"fp32 (cpu), {layout}"
     weights = "bf16 weights (FSDP2)" if compute_dtype(device, sharded) == torch.bfloat16 else "fp32 weights"
-    return f"{weights}, bf16 autocast (cuda)"
+    return f"{weights}, bf16 autocast (cuda), {layout}"
 
 
 def cache_path(pool: Path, key: dict) -> Path:
@@ -58,12 +60,14 @@ def cache_path(pool: Path, key: dict) -> Path:
     return Path.home() / ".cache" / "ggpo-offline" / "pi0" / f"{key['pool_fingerprint'][:16]}-{name}"
 
 
-def cache_key(pool: Path, model_dir: Path, device: torch.device, temperature: float, sharded: bool) -> dict:
+def cache_key(
+    pool: Path, model_dir: Path, device: torch.device, temperature: float, sharded: bool, packed: bool = True
+) -> dict:
     """What a cache is valid for: this pool's data, these initial weights, numerics and temperature."""
     return {
         "pool_fingerprint": pool_fingerprint(pool),
         "weights_sha256": weights_sha256(model_dir),
-        "numerics": numerics(device, sharded),
+        "numerics": numerics(device, sharded, packed),
         "temperature": temperature,
     }
 
@@ -82,9 +86,11 @@ def score_pool(
     device: torch.device,
     on_progress: Callable[[int, int], None] | None = None,
     sharded: bool = False,
+    packed: bool = True,
 ) -> "Pi0Cache":
     """Write (or find) the π0 cache of ``pool`` for ``model_dir`` and open it; ``sharded``: for a learner
-    that FSDP2 shards (on CUDA its weights compute in bf16, and so do π0's here).
+    that FSDP2 shards (on CUDA its weights compute in bf16, and so do π0's here); ``packed``: scored with
+    packed forwards, as a learner without --no-packing runs.
 
     An existing cache is reused only when its key (pool fingerprint, weights sha256, numerics, sampling
     temperature) matches; a stale one is replaced. Written through a temporary file renamed into place.
@@ -92,7 +98,7 @@ def score_pool(
     from transformers import AutoModelForCausalLM
 
     temperature = pool_temperature(pool, read_pool_metadata(pool))
-    key = cache_key(pool, model_dir, device, temperature, sharded)
+    key = cache_key(pool, model_dir, device, temperature, sharded, packed)
     target = cache_path(pool, key)
     if target.is_file() and _read_key(target) == key:
         return Pi0Cache(target, key)
@@ -110,7 +116,7 @@ def score_pool(
         for start in range(0, len(groups), GROUPS_PER_PASS):
             batch = reader.read(groups[start : start + GROUPS_PER_PASS])
             with torch.no_grad():
-                logp = response_logprobs(model, batch, temperature=temperature)[0].cpu()
+                logp = response_logprobs(model, batch, temperature=temperature, packed=packed)[0].cpu()
             lengths = batch.mask.sum(dim=1).long().tolist()
             table = pa.table(
                 {

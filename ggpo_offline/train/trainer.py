@@ -95,7 +95,9 @@ class Trainer:
         self.device = device_of(ranks)
         self.tokenizer = load_tokenizer(weights)
         self.model = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32).to(self.device)
-        self.learner = wrap(ResponseLogprobs(self.model, temperature), ranks, config.fsdp)
+        self.learner = wrap(
+            ResponseLogprobs(self.model, temperature, packed=not config.no_packing), ranks, config.fsdp
+        )
         self.learner.train()
         self.sharded = ranks.distributed and config.fsdp
         # FSDP2 gathers a layer's weights at every decoder call, so all ranks must make the same calls:
@@ -356,10 +358,11 @@ def _pi0(config: TrainConfig, inputs: RunInputs, ranks: Ranks) -> Pi0Cache | Non
     if "ref_logp" not in LEARNERS[config.method].needs:
         return None
     sharded, device = ranks.distributed and config.fsdp, device_of(ranks)
+    options = {"sharded": sharded, "packed": not config.no_packing}
     if ranks.main:
-        score_pool(inputs.pool, inputs.model_dir, device, sharded=sharded)
+        score_pool(inputs.pool, inputs.model_dir, device, **options)
     barrier(ranks)
-    return score_pool(inputs.pool, inputs.model_dir, device, sharded=sharded)
+    return score_pool(inputs.pool, inputs.model_dir, device, **options)
 
 
 def train(
