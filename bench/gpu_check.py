@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from learner_step import _batch, matmul_peak, path_functions, sync, useful_flops  # noqa: E402
+from learner_step import _batch, matmul_peak, path_functions, random_qwen3, sync, useful_flops  # noqa: E402
 
 # Qwen3-1.7B-Base (its config.json) and the paper's offline geometry (SPEC "Paper defaults"): G·m = 256
 # responses of up to 2,048 tokens, micro-batches of whole groups.
@@ -40,14 +40,6 @@ TOY = dict(
 )
 GEOMETRY = {"gpu": dict(groups=32, m=8, prompt=128, lengths=(256, 2048), micro_groups=1),
             "cpu": dict(groups=2, m=4, prompt=16, lengths=(8, 48), micro_groups=1)}  # fmt: skip
-
-
-def _model(shape: dict, device: torch.device):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(max_position_embeddings=4096, tie_word_embeddings=True, **shape)
-    return Qwen3ForCausalLM(config).to(device)
 
 
 def _learner_inputs(seed: int, dtype: torch.dtype, G: int = 3, m: int = 4, T: int = 9) -> dict:
@@ -75,35 +67,31 @@ def check_losses(device: torch.device) -> list[str]:
     for name, learner in LEARNERS.items():
         results = {}
         for where, dtype in (("reference", torch.float64), ("device", torch.float32)):
-            inputs = _learner_inputs(0, dtype)
             target = torch.device("cpu") if where == "reference" else device
-            inputs = {k: v.to(target) for k, v in inputs.items()}
-            logp = inputs.pop("logp").requires_grad_()
-            kwargs = {k: v for k, v in inputs.items() if k in learner.needs or k in ("mask", "rewards")}
-            out = learner.loss(logp, **kwargs, group_size=4, **_hyper(name))
-            (grad,) = torch.autograd.grad(out.loss, logp)
-            results[where] = (out.loss.double().cpu(), grad.double().cpu())
+            loss, logp = _learner_loss(learner, _learner_inputs(0, dtype), target)
+            (grad,) = torch.autograd.grad(loss, logp)
+            results[where] = (loss.double().cpu(), grad.double().cpu())
         loss_gap = (results["device"][0] - results["reference"][0]).abs().item()
         grad_gap = (results["device"][1] - results["reference"][1]).abs().max().item()
         assert loss_gap < 1e-5 and grad_gap < 1e-6, (name, loss_gap, grad_gap)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            inputs = {k: v.to(device) for k, v in _learner_inputs(1, torch.float32).items()}
-            logp = inputs.pop("logp").requires_grad_()
-            kwargs = {k: v for k, v in inputs.items() if k in learner.needs or k in ("mask", "rewards")}
-            out = learner.loss(logp, **kwargs, group_size=4, **_hyper(name))
-            out.loss.backward()
-        finite = bool(torch.isfinite(out.loss) and torch.isfinite(logp.grad).all())
+            loss, logp = _learner_loss(learner, _learner_inputs(1, torch.float32), device)
+            loss.backward()
+        finite = bool(torch.isfinite(loss) and torch.isfinite(logp.grad).all())
         assert finite, name
         rows.append(f"| {name} | {loss_gap:.1e} | {grad_gap:.1e} | finite |")
     return rows
 
 
-def _hyper(name: str) -> dict:
-    from ggpo_offline.learners import LEARNERS
+def _learner_loss(learner, inputs: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the learner's loss at its default hyperparameters, the log-probs it is differentiated in)."""
     from ggpo_offline.train.config import TrainConfig
 
-    learner, config = LEARNERS[name], TrainConfig(method=name)
-    return {**{k: getattr(config, k) for k in learner.hyperparameters}, **learner.fixed}
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    logp = inputs.pop("logp").requires_grad_()
+    tensors = {k: v for k, v in inputs.items() if k in learner.needs or k in ("mask", "rewards")}
+    hyperparameters = learner.loss_kwargs(TrainConfig(method=learner.name))
+    return learner.loss(logp, **tensors, group_size=4, **hyperparameters).loss, logp
 
 
 def check_logprobs(device: torch.device) -> list[str]:
@@ -114,14 +102,14 @@ def check_logprobs(device: torch.device) -> list[str]:
 
     shape = dict(TOY, hidden_size=128, num_hidden_layers=2, vocab_size=8_192)
     batch = _batch(shape["vocab_size"], groups=2, m=4, prompt=16, lengths=(8, 64), seed=1)
-    cpu_model = _model(shape, torch.device("cpu"))
+    cpu_model = random_qwen3(shape, torch.device("cpu"))
     with torch.no_grad():
         cpu_logp, _ = response_logprobs(cpu_model, batch)
-    model = _model(shape, device)
-    results = {}
+    model = random_qwen3(shape, device)
+    results, paths = {}, path_functions()
     for name in ("packed", "full", "length-sorted"):
         model.zero_grad(set_to_none=True)
-        logp, _ = path_functions()[name](model, batch, with_entropy=True)
+        logp, _ = paths[name](model, batch, with_entropy=True)
         (logp * batch.mask.to(device)).sum().backward()
         results[name] = (logp.detach().cpu(), model.model.layers[0].mlp.up_proj.weight.grad.detach().cpu())
     mask = batch.mask.bool()
@@ -157,7 +145,7 @@ def learner_step(device: torch.device, cpu_mode: bool) -> list[str]:
     shape = TOY if cpu_mode else QWEN3_17B
     geometry = dict(GEOMETRY["cpu" if cpu_mode else "gpu"])
     micro_groups = geometry.pop("micro_groups")
-    model = _model(shape, device)
+    model = random_qwen3(shape, device)
     batch = _batch(shape["vocab_size"], seed=0, **geometry)
     micros = batch.split(micro_groups * batch.group_size)
     tokens, processed = int(batch.mask.sum()), int(batch.attention_mask.sum())
@@ -177,9 +165,10 @@ def learner_step(device: torch.device, cpu_mode: bool) -> list[str]:
     ]
     names = {"packed": "trainer (packed, chunked head)", "length-sorted": "length-sorted padded",
              "full": "straightforward (padded, full vocabulary)"}  # fmt: skip
+    paths = path_functions()
     for path, name in names.items():
         try:
-            seconds, memory = _time_step(model, micros, path_functions()[path], tokens, device)
+            seconds, memory = _time_step(model, micros, paths[path], tokens, device)
         except torch.OutOfMemoryError:
             rows.append(f"| {name} | out of memory | | | |")
             torch.cuda.empty_cache()

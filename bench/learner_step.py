@@ -106,6 +106,16 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def random_qwen3(shape: dict, device=None):
+    """A random-init Qwen3 of ``shape`` (Qwen3Config keywords) with a tied head, seeded."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(max_position_embeddings=4096, tie_word_embeddings=True, **shape)
+    return Qwen3ForCausalLM(config).to(device or torch.device("cpu"))
+
+
 def path_functions() -> dict:
     """Each benchmarked path as ``f(model, batch, with_entropy)``."""
     from ggpo_offline.train.logprobs import full_vocab_logprobs, response_logprobs
@@ -121,16 +131,11 @@ def path_functions() -> dict:
 def measure(path: str, vocab: int, shape: str, steps: int, profile: bool = False) -> dict:
     """One process: build the model, run warm-up + ``steps`` learner steps, report tokens/s, peak RSS and
     (``profile``) the self CPU time of the step's operators by kind."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from ggpo_offline.losses import ggpo_loss
 
-    torch.manual_seed(0)
     sizes = dict(SHAPES[shape])
     groups, m = sizes.pop("groups"), sizes.pop("m")
-    config = Qwen3Config(vocab_size=vocab, max_position_embeddings=2048, tie_word_embeddings=True, **sizes)
-    model = Qwen3ForCausalLM(config)
+    model = random_qwen3({**sizes, "vocab_size": vocab})
     compute = path_functions()[path]
     batch = _batch(vocab, groups=groups, m=m, prompt=64, lengths=LENGTHS[shape], seed=0)
 

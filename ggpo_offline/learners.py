@@ -30,6 +30,11 @@ class Learner:
     fixed: dict = field(default_factory=dict)
     """Loss keywords this method fixes (PG: Proximal KL with β = 0), not taken from the config."""
 
+    def loss_kwargs(self, config) -> dict:
+        """The keywords its loss takes besides the tensors: its hyperparameters from ``config`` (a
+        TrainConfig) and what the method fixes."""
+        return {**{name: getattr(config, name) for name in self.hyperparameters}, **self.fixed}
+
     @property
     def loss(self) -> Callable:
         from ggpo_offline import losses

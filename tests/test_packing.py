@@ -39,6 +39,8 @@ def _batch(lengths: list[tuple[int, int]], m: int = 2, seed: int = 0) -> Minibat
 
 
 LENGTHS = [(7, 30), (12, 3), (5, 61), (9, 1), (7, 18), (11, 44)]
+_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_ids", "mask", "behavior_logp",
+            "rewards", "truncated")  # fmt: skip
 
 
 def _run(model, batch, **options):
@@ -76,10 +78,6 @@ def test_a_packed_row_sees_only_its_own_document():
             row = Minibatch(*(getattr(batch, f)[i : i + 1] for f in _TENSORS), [0], 1)
             alone = response_logprobs(model, row, packed=True)[0]
             torch.testing.assert_close(together[i : i + 1, : alone.shape[1]], alone, atol=1e-5, rtol=0)
-
-
-_TENSORS = ("input_ids", "attention_mask", "prompt_lengths", "response_ids", "mask", "behavior_logp",
-            "rewards", "truncated")  # fmt: skip
 
 
 def test_switching_to_document_attention_leaves_padded_forwards_and_generation_unchanged():

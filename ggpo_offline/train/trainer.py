@@ -121,10 +121,7 @@ class Trainer:
             weight_decay=config.weight_decay,
         )
         self.loss_fn = self.learner_record.loss
-        self.loss_kwargs = {
-            **{name: getattr(config, name) for name in self.learner_record.hyperparameters},
-            **self.learner_record.fixed,
-        }
+        self.loss_kwargs = self.learner_record.loss_kwargs(config)
         self.update = 0
         self.ess_log_weights: list[torch.Tensor] = []
 
