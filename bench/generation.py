@@ -5,10 +5,10 @@ import time
 
 
 def measure(engine_name: str, prompts: int) -> dict:
-    from ggpo_offline.datasets import load_dataset
-    from ggpo_offline.engines import SamplingSettings, load_engine, prompt_seed
-    from ggpo_offline.model_io import load_tokenizer, resolve_model_dir
-    from ggpo_offline.rollout import encode_prompts
+    from ggpo_offline.core.model_io import load_tokenizer, resolve_model_dir
+    from ggpo_offline.generate.datasets import load_dataset
+    from ggpo_offline.generate.engines import SamplingSettings, load_engine, prompt_seed
+    from ggpo_offline.generate.rollout import encode_prompts
 
     model_dir = resolve_model_dir(None)
     tokenizer = load_tokenizer(model_dir)

@@ -61,7 +61,7 @@ def _learner_inputs(seed: int, dtype: torch.dtype, G: int = 3, m: int = 4, T: in
 def check_losses(device: torch.device) -> list[str]:
     """Every registered learner in fp32 on ``device`` against fp64 on the CPU (loss and gradient), and
     under bf16 autocast on ``device`` (finite)."""
-    from ggpo_offline.learners import LEARNERS
+    from ggpo_offline.train.learners import LEARNERS
 
     rows = ["| method | max abs Δ loss | max abs Δ gradient | under autocast |", "|---|---:|---:|---|"]
     for name, learner in LEARNERS.items():
@@ -180,7 +180,7 @@ def learner_step(device: torch.device, cpu_mode: bool) -> list[str]:
 
 def _time_step(model, micros, path, tokens: int, device: torch.device) -> tuple[float, float]:
     """(seconds of one minibatch after a warm-up one, peak device memory in GB: NaN on the CPU)."""
-    from ggpo_offline.losses import ggpo_loss
+    from ggpo_offline.train.losses import ggpo_loss
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
@@ -207,8 +207,8 @@ def short_train(tmp: Path) -> list[str]:
     """`ggpo train` for two updates on a pool the hf engine samples from the embedded model, when the
     package's other dependencies are installed; otherwise the reason it was skipped."""
     try:
-        from ggpo_offline.engines import SamplingSettings
-        from ggpo_offline.generate import GenerateConfig, generate_pool
+        from ggpo_offline.generate.engines import SamplingSettings
+        from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
         from ggpo_offline.train.config import TrainConfig
         from ggpo_offline.train.trainer import train
     except ImportError as error:

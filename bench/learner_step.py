@@ -131,7 +131,7 @@ def path_functions() -> dict:
 def measure(path: str, vocab: int, shape: str, steps: int, profile: bool = False) -> dict:
     """One process: build the model, run warm-up + ``steps`` learner steps, report tokens/s, peak RSS and
     (``profile``) the self CPU time of the step's operators by kind."""
-    from ggpo_offline.losses import ggpo_loss
+    from ggpo_offline.train.losses import ggpo_loss
 
     sizes = dict(SHAPES[shape])
     groups, m = sizes.pop("groups"), sizes.pop("m")

@@ -9,7 +9,7 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "math50
 
 
 def measure(pairs: list[tuple[str, str]], workers: int) -> float:
-    from ggpo_offline.rewards import RewardScorer
+    from ggpo_offline.generate.rewards import RewardScorer
 
     with RewardScorer(workers) as scorer:
         scorer.submit(pairs[:8]).get()  # warm-up: worker start and imports are not verification time

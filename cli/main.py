@@ -8,7 +8,7 @@ import typer
 from ggpo_cli import render
 from ggpo_cli.config_flags import with_config_flags
 
-from ggpo_offline.errors import UserError, one_line
+from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.train.config import PER_RUN
 
 app = typer.Typer(
@@ -63,9 +63,9 @@ def generate_pool(
 
     Finished batches are kept in .<out name>.partial/ beside --out: rerunning the same command after a
     crash resumes there."""
-    from ggpo_offline.engines import SamplingSettings
-    from ggpo_offline.generate import GenerateConfig
-    from ggpo_offline.generate import generate_pool as run
+    from ggpo_offline.generate.engines import SamplingSettings
+    from ggpo_offline.generate.pipeline import GenerateConfig
+    from ggpo_offline.generate.pipeline import generate_pool as run
     from ggpo_offline.pool.inspect import pool_summary
 
     sampling = SamplingSettings(samples_per_prompt, temperature, top_p, top_k, max_tokens, seed)
@@ -222,8 +222,8 @@ def evaluate(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --out file."),
 ) -> None:
     """Sample n responses per benchmark problem; report mean@n and pass@k per benchmark and for the suite."""
-    from ggpo_offline.evaluate import DEFAULT_DATASETS, EvalConfig
-    from ggpo_offline.evaluate import evaluate as run
+    from ggpo_offline.evaluate.evaluator import DEFAULT_DATASETS, EvalConfig
+    from ggpo_offline.evaluate.evaluator import evaluate as run
 
     config = EvalConfig(
         model=model,
@@ -279,8 +279,8 @@ def compare(
 
     Every training setting but the per-run ones has a flag (as in ggpo train); without --eval-every the
     runs are evaluated every U/5 updates, as in the paper."""
-    from ggpo_offline.compare import CompareConfig
-    from ggpo_offline.compare import compare as run
+    from ggpo_offline.compare.comparison import CompareConfig
+    from ggpo_offline.compare.comparison import compare as run
 
     compare_config = CompareConfig(
         pool=pool,
@@ -307,7 +307,7 @@ def build_tiny_model(
     overwrite: bool = typer.Option(False, "--overwrite", help="Write into an existing non-empty folder."),
 ) -> None:
     """Rebuild the embedded tiny model from its recipe (tokenizer, task, supervised pretraining)."""
-    from ggpo_offline.tiny import build_tiny_model as build
+    from ggpo_offline.organism.tiny import build_tiny_model as build
 
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"{out} exists and is not empty; pass --overwrite to write into it")
@@ -327,8 +327,8 @@ def measure_styles(
     json_out: Path = typer.Option(None, "--json", help="Also write the full report (per level) here."),
 ) -> None:
     """Each style's share and accuracy in the model's samples, and its accuracy when forced (the ceiling)."""
-    from ggpo_offline.model_io import tiny_model_dir
-    from ggpo_offline.tiny import measure_styles as measure
+    from ggpo_offline.core.model_io import tiny_model_dir
+    from ggpo_offline.organism.tiny import measure_styles as measure
 
     model_dir = model if model is not None else tiny_model_dir()
     if not (model_dir / "config.json").is_file():

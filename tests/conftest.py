@@ -72,7 +72,7 @@ def write_synthetic_pool(
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
-    from ggpo_offline.model_io import tiny_model_dir
+    from ggpo_offline.core.model_io import tiny_model_dir
 
     return tiny_model_dir()
 
@@ -80,7 +80,7 @@ def tiny_dir() -> Path:
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_dir):
     """The vLLM engine on the tiny model, started once for the whole session (it takes ~15 s here)."""
-    from ggpo_offline.engines import load_engine
+    from ggpo_offline.generate.engines import load_engine
 
     engine = load_engine("vllm", tiny_dir, dtype="auto", max_model_len=512, seed=0)
     yield engine
@@ -90,8 +90,8 @@ def vllm_engine(tiny_dir):
 @pytest.fixture(scope="session")
 def vllm_pool(tmp_path_factory, vllm_engine) -> Path:
     """A small pool written by the vLLM engine from the embedded default (arith train split)."""
-    from ggpo_offline.engines import SamplingSettings
-    from ggpo_offline.generate import GenerateConfig, generate_pool
+    from ggpo_offline.generate.engines import SamplingSettings
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 
     out = tmp_path_factory.mktemp("vllm") / "pool.parquet"
     config = GenerateConfig(
@@ -110,8 +110,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def hf_pool(tmp_path_factory) -> Path:
     """A small float32 pool written by the hf engine: the trainer's numerics reproduce its log-probs."""
-    from ggpo_offline.engines import SamplingSettings
-    from ggpo_offline.generate import GenerateConfig, generate_pool
+    from ggpo_offline.generate.engines import SamplingSettings
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 
     out = tmp_path_factory.mktemp("hf") / "pool.parquet"
     config = GenerateConfig(

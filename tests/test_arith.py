@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from ggpo_offline.arith import (
+from ggpo_offline.generate.arith import (
     LEVELS,
     MAX_VALUE,
     arith_items,
@@ -14,7 +14,7 @@ from ggpo_offline.arith import (
     level_size,
     split_of,
 )
-from ggpo_offline.problems import Problem
+from ggpo_offline.generate.problems import Problem
 
 
 def test_same_arguments_give_the_same_list():

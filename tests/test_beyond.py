@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ggpo_offline.losses import (
+from ggpo_offline.train.losses import (
     cispo_loss,
     ggpo_loss,
     ggpo_reward_only_loss,

@@ -128,7 +128,7 @@ def test_pool_commands_on_a_missing_file(tmp_path, what):
 
 
 def test_train_command_end_to_end_with_mlflow(vllm_pool, tmp_path):
-    from ggpo_offline.tracking import read_metric_series
+    from ggpo_offline.core.tracking import read_metric_series
 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     out = tmp_path / "run"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_offline.compare import CompareConfig, compare, run_configs
-from ggpo_offline.errors import UserError
-from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, write_tables
+from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
+from ggpo_offline.compare.report import FIGURES, RunRecord, check_data_plans, write_tables
+from ggpo_offline.core.errors import UserError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -141,7 +141,7 @@ def test_compare_settings_are_checked_before_any_work(vllm_pool, tmp_path):
 def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vllm_engine, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from ggpo_offline.tracking import read_metric_series
+    from ggpo_offline.core.tracking import read_metric_series
 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     settings = {

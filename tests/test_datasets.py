@@ -9,9 +9,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from ggpo_offline.datasets import answer_text, dataset_fingerprint, load_problems
-from ggpo_offline.errors import UserError
-from ggpo_offline.rewards import last_boxed_content
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.generate.datasets import answer_text, dataset_fingerprint, load_problems
+from ggpo_offline.generate.rewards import last_boxed_content
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 

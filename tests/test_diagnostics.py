@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from ggpo_offline.diagnostics import (
+from ggpo_offline.train.diagnostics import (
     mismatch_drift,
     mismatch_k3,
     q_ess_median,

@@ -106,7 +106,7 @@ import sys, torch, torch.distributed as dist
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)  # no port
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoModelForCausalLM
-from ggpo_offline.model_io import tiny_model_dir
+from ggpo_offline.core.model_io import tiny_model_dir
 from ggpo_offline.train.batch import MinibatchReader
 from ggpo_offline.train.distributed import cast_parameters
 from ggpo_offline.train.logprobs import ResponseLogprobs

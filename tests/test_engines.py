@@ -5,14 +5,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ggpo_offline.engines import SamplingSettings, prompt_seed
-from ggpo_offline.engines.base import cut_at_eos
-from ggpo_offline.model_io import eos_token_ids, load_tokenizer
+from ggpo_offline.core.model_io import eos_token_ids, load_tokenizer
+from ggpo_offline.generate.engines import SamplingSettings, prompt_seed
+from ggpo_offline.generate.engines.base import cut_at_eos
+from ggpo_offline.generate.prompts import encode_prompt, format_prompt
+from ggpo_offline.generate.rewards import score_response
 from ggpo_offline.pool.schema import POOL_SCHEMA
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
-from ggpo_offline.prompts import encode_prompt, format_prompt
-from ggpo_offline.rewards import score_response
 
 
 def test_cut_at_eos_keeps_the_first_eos_inclusive():
@@ -46,7 +46,7 @@ def _forward_logprobs(model, prompt: list[int], response: list[int]) -> torch.Te
 
 @pytest.fixture(scope="module")
 def hf_engine(tiny_dir):
-    from ggpo_offline.engines.hf_engine import HfEngine
+    from ggpo_offline.generate.engines.hf_engine import HfEngine
 
     return HfEngine(tiny_dir, dtype="float32")
 
@@ -136,7 +136,7 @@ def test_vllm_logprobs_track_a_float32_forward_pass(vllm_pool, tiny_dir):
 
 @pytest.mark.vllm
 def test_vllm_same_seed_same_pool(vllm_pool, vllm_engine, tmp_path):
-    from ggpo_offline.generate import GenerateConfig, generate_pool
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 
     config = GenerateConfig(
         num_prompts=40,
@@ -162,7 +162,7 @@ def test_vllm_same_seed_same_pool(vllm_pool, vllm_engine, tmp_path):
 
 @pytest.mark.vllm
 def test_mixed_only_keeps_only_groups_with_some_right_and_some_wrong(vllm_pool, vllm_engine, tmp_path):
-    from ggpo_offline.generate import GenerateConfig, generate_pool
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 
     config = GenerateConfig(
         num_prompts=40,
@@ -182,7 +182,7 @@ def test_mixed_only_keeps_only_groups_with_some_right_and_some_wrong(vllm_pool, 
 
 
 def test_hf_same_seed_same_pool(tmp_path):
-    from ggpo_offline.generate import GenerateConfig, generate_pool
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 
     def pool(name: str, seed: int):
         config = GenerateConfig(

@@ -11,8 +11,15 @@ import pytest
 from conftest import write_synthetic_pool
 from test_cli import assert_one_error_line, ggpo
 
-from ggpo_offline.errors import UserError
-from ggpo_offline.evaluate import EvalConfig, aggregate, evaluate, pass_at_k, reported_ks, resolve_sampling
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.evaluate.evaluator import (
+    EvalConfig,
+    aggregate,
+    evaluate,
+    pass_at_k,
+    reported_ks,
+    resolve_sampling,
+)
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:

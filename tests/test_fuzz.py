@@ -13,7 +13,7 @@ from conftest import synthetic_metadata, synthetic_rows, write_synthetic_pool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.schema import METADATA_KEY, POOL_SCHEMA
 from ggpo_offline.pool.validate import validate_pool
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ggpo_offline.learners import LEARNERS
+from ggpo_offline.train.learners import LEARNERS
 
 ROOT = Path(__file__).parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.py"

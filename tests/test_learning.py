@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ggpo_offline import losses
-from ggpo_offline.learners import LEARNERS, METHODS
+from ggpo_offline.train import losses
 from ggpo_offline.train.batch import MinibatchReader
 from ggpo_offline.train.config import resolve_config
+from ggpo_offline.train.learners import LEARNERS, METHODS
 from ggpo_offline.train.logprobs import response_logprobs
 from ggpo_offline.train.plan import index_pool, plan_minibatches
 from ggpo_offline.train.trainer import train
@@ -24,8 +24,8 @@ MIN_GAIN = 0.05  # nats of first-token log-prob, correct minus incorrect, averag
 @pytest.fixture(scope="module")
 def learning_pool(tmp_path_factory):
     """64 train problems x 8 responses of the embedded model, hf engine in float32."""
-    from ggpo_offline.engines import SamplingSettings
-    from ggpo_offline.generate import GenerateConfig, generate_pool
+    from ggpo_offline.generate.engines import SamplingSettings
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 
     config = GenerateConfig(
         num_prompts=64,

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ggpo_offline.learners import LEARNERS, learner
-from ggpo_offline.losses import STAT_REDUCTIONS, agro_loss, ggpo_loss, grpo_loss, grpo_tis_loss
+from ggpo_offline.train.learners import LEARNERS, learner
+from ggpo_offline.train.losses import STAT_REDUCTIONS, agro_loss, ggpo_loss, grpo_loss, grpo_tis_loss
 
 TOL = dict(rtol=1e-9, atol=1e-12)
 BETA = 0.1

@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from ggpo_offline.losses import ggpo_loss
 from ggpo_offline.train.logprobs import length_buckets, response_logprobs
+from ggpo_offline.train.losses import ggpo_loss
 from ggpo_offline.train.minibatch import Minibatch
 from ggpo_offline.train.packing import DOCUMENT_ATTENTION, packing_supported
 

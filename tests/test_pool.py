@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import synthetic_metadata, synthetic_rows, write_synthetic_pool
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.pool.schema import METADATA_KEY, POOL_SCHEMA
 from ggpo_offline.pool.source import read_pool_metadata

@@ -13,9 +13,9 @@ import torch
 from conftest import REPO
 from test_cli import GGPO, assert_one_error_line
 
-from ggpo_offline.engines import SamplingSettings
-from ggpo_offline.errors import UserError
-from ggpo_offline.generate import GenerateConfig, generate_pool
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.generate.engines import SamplingSettings
+from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 from ggpo_offline.pool.partial import PROGRESS_FILE, partial_dir
 from ggpo_offline.pool.source import read_pool_metadata
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_offline import rewards
-from ggpo_offline.rewards import (
+from ggpo_offline.generate import rewards
+from ggpo_offline.generate.rewards import (
     EXTRACTION_RULE,
     EXTRACTION_RULE_DESCRIPTION,
     RewardResult,

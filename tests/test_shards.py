@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import synthetic_metadata, synthetic_rows, write_synthetic_pool
 
-from ggpo_offline.engines import SamplingSettings
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.pool.merge import merge_pool
 from ggpo_offline.pool.source import read_pool_metadata
@@ -153,7 +153,7 @@ def test_merge_never_replaces_a_file_without_overwrite(tmp_path):
 
 
 def test_hf_engine_refuses_parallel_sizes(tmp_path):
-    from ggpo_offline.generate import GenerateConfig, generate_pool
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 
     for sizes in ({"tensor_parallel_size": 2}, {"data_parallel_size": 2}):
         config = GenerateConfig(engine="hf", out=tmp_path / "p.parquet", **sizes)
@@ -168,7 +168,7 @@ def test_hf_engine_refuses_parallel_sizes(tmp_path):
 @pytest.mark.vllm
 def test_the_union_of_shards_is_the_unsharded_pool(vllm_engine, tmp_path):
     """Three shards, batched differently from the unsharded run, merge into the same rows."""
-    from ggpo_offline.generate import GenerateConfig, generate_pool
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 
     def generate(out, **settings):
         config = GenerateConfig(
@@ -212,7 +212,7 @@ def test_the_union_of_shards_is_the_unsharded_pool(vllm_engine, tmp_path):
 
 @pytest.mark.vllm
 def test_vllm_data_parallel_refusal_is_one_line(tiny_dir):
-    from ggpo_offline.engines import load_engine
+    from ggpo_offline.generate.engines import load_engine
 
     with pytest.raises(
         UserError, match=r"vLLM refused the engine settings: .*data_parallel_size=2.*--num-shards 2"

@@ -4,11 +4,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
-from ggpo_offline.arith import ArithItem, arith_items
-from ggpo_offline.model_io import tiny_model_dir
-from ggpo_offline.prompts import encode_prompt, format_prompt, resolve_template
-from ggpo_offline.styles import STYLES, style_of
-from ggpo_offline.tiny import (
+from ggpo_offline.core.model_io import tiny_model_dir
+from ggpo_offline.generate.arith import ArithItem, arith_items
+from ggpo_offline.generate.prompts import encode_prompt, format_prompt, resolve_template
+from ggpo_offline.organism.styles import STYLES, style_of
+from ggpo_offline.organism.tiny import (
     IGNORE_INDEX,
     _collate,
     _pretraining_loss,

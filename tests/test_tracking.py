@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ggpo_offline.errors import UserError
-from ggpo_offline.tracking import (
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.tracking import (
     NullTracker,
     check_tracking_reachable,
     default_tracking_uri,

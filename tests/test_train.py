@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import synthetic_rows, write_synthetic_pool
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.schema import METADATA_KEY
 from ggpo_offline.train.batch import MinibatchReader
 from ggpo_offline.train.config import TrainConfig, resolve_config
@@ -107,7 +107,7 @@ def test_chunked_logprobs_equal_the_full_vocabulary_computation(
     fp32, whether the rows run in one forward, one forward each, or length-sorted forwards."""
     from transformers import AutoModelForCausalLM
 
-    from ggpo_offline.losses import ggpo_loss
+    from ggpo_offline.train.losses import ggpo_loss
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32)
     index = index_pool(vllm_pool)
@@ -155,8 +155,8 @@ def test_update_zero_mismatch_is_exactly_zero_on_a_float32_hf_pool(hf_pool, tmp_
 
 def test_update_zero_mismatch_is_zero_on_a_pool_sampled_at_temperature_07(tmp_path):
     """The engine stored log-probs of softmax(logits / 0.7); the learner, π_old and π0 divide by 0.7 too."""
-    from ggpo_offline.engines import SamplingSettings
-    from ggpo_offline.generate import GenerateConfig, generate_pool
+    from ggpo_offline.generate.engines import SamplingSettings
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 
     sampling = SamplingSettings(m=4, max_tokens=64, seed=5, temperature=0.7)
     generated = GenerateConfig(
@@ -311,7 +311,7 @@ def test_training_errors_are_one_clear_line(vllm_pool, tmp_path):
 
 
 def test_non_finite_loss_stops_before_a_checkpoint(vllm_pool, tmp_path, monkeypatch):
-    from ggpo_offline import losses
+    from ggpo_offline.train import losses
 
     real = losses.ggpo_loss
 
@@ -379,7 +379,7 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     checkpoint. With the same seed both must count exactly the same correct responses."""
     from test_cli import ggpo
 
-    from ggpo_offline.evaluate import Evaluator, evaluate
+    from ggpo_offline.evaluate.evaluator import Evaluator, evaluate
     from ggpo_offline.train.evaluation import eval_config
     from ggpo_offline.train.run import RunFolder
 
@@ -455,7 +455,7 @@ def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, ti
 def test_scheduled_anchor_passes_equal_what_frozen_copies_would_compute(vllm_pool, tiny_dir, tmp_path):
     """The reference after a refresh is the checkpointed weights of that update, before it π0; π_old is
     the weights at its TIS block start. Recompute each from the checkpoints and compare the logged metrics."""
-    from ggpo_offline import diagnostics as diag
+    from ggpo_offline.train import diagnostics as diag
 
     ggpo = train(_config(vllm_pool, tmp_path, ref_refresh=2, save_every=1, out=tmp_path / "g", lr=1e-3))
     tis = train(

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.schema import POOL_SCHEMA, open_parquet
 from ggpo_offline.pool.source import open_pool
 from ggpo_offline.pool.validate import validate_pool

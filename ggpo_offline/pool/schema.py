@@ -5,7 +5,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ggpo_offline.errors import UserError, one_line
+from ggpo_offline.core.errors import UserError, one_line
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"ggpo_offline"

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.schema import open_parquet, read_file_metadata
 
 # Metadata every shard of one pool must share: what was sampled, from what, and how it was scored.

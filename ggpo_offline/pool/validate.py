@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ggpo_offline.errors import UserError, one_line
+from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION, open_parquet
 from ggpo_offline.pool.source import open_pool, read_pool_metadata
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ggpo_offline.errors import UserError, writing
+from ggpo_offline.core.errors import UserError, writing
 from ggpo_offline.pool.schema import METADATA_KEY, PARQUET_OPTIONS, POOL_SCHEMA
 
 

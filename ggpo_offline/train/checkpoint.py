@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ggpo_offline.errors import UserError, os_reason
+from ggpo_offline.core.errors import UserError, os_reason
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
 from ggpo_offline.train.run import STATE_FILE
 

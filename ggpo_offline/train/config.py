@@ -9,9 +9,9 @@ from typing import Literal
 
 import tomllib
 
-from ggpo_offline.errors import UserError
-from ggpo_offline.eval_defaults import DEFAULT_DATASETS, DEFAULT_KS
-from ggpo_offline.learners import LEARNERS
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.evaluate.defaults import DEFAULT_DATASETS, DEFAULT_KS
+from ggpo_offline.train.learners import LEARNERS
 
 FORWARD_TOKENS = 4096
 """Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at

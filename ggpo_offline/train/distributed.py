@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 
 # Long enough for rank 0 to score the π0 cache or run an evaluation while the others wait at a barrier.
 COLLECTIVE_TIMEOUT = timedelta(hours=4)

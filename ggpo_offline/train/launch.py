@@ -8,7 +8,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import Ranks, check_split
 from ggpo_offline.train.trainer import TrainResult

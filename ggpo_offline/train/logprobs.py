@@ -4,9 +4,9 @@ from contextlib import nullcontext
 
 import torch
 
-from ggpo_offline.diagnostics import token_entropy
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import FORWARD_TOKENS
+from ggpo_offline.train.diagnostics import token_entropy
 from ggpo_offline.train.minibatch import Minibatch
 from ggpo_offline.train.packing import packed_hidden_states, packing_supported
 

@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from ggpo_offline.errors import UserError, writing
-from ggpo_offline.model_io import initial_model_dir, load_tokenizer, weights_sha256
+from ggpo_offline.core.errors import UserError, writing
+from ggpo_offline.core.model_io import initial_model_dir, load_tokenizer, weights_sha256
 from ggpo_offline.pool.schema import PARQUET_OPTIONS, open_parquet
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.source import RowGroups, open_pool
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import TrainConfig
 
 if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
@@ -163,7 +163,8 @@ class Run:
         """Open the tracker (a new run, or the resumed ``run_id``) and take the metric history before
         ``next_update``. A new run logs the config and ``params``, tags its ``fingerprints``, package version
         and method, and writes config.json (config and fingerprints, what compare checks before reusing)."""
-        from ggpo_offline import __version__, tracking
+        from ggpo_offline import __version__
+        from ggpo_offline.core import tracking
 
         config = self.config
         self.history = self.folder.keep_metrics_before(next_update) if self.ranks.main else []
@@ -213,8 +214,8 @@ class Run:
 
     def finish(self, final: Path, fingerprints: dict) -> None:
         """result.json, written last: the run is complete."""
-        from ggpo_offline import tracking
-        from ggpo_offline.evaluate import write_json
+        from ggpo_offline.core import tracking
+        from ggpo_offline.evaluate.evaluator import write_json
 
         if self.ranks.main:
             uri = (

@@ -3,7 +3,7 @@ can be matched at all."""
 
 from pathlib import Path
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 
 
 def _setting(pool: Path, pool_meta: dict, key: str, default: float) -> float:

@@ -7,14 +7,12 @@ from pathlib import Path
 
 import torch
 
-from ggpo_offline import diagnostics as diag
-from ggpo_offline.errors import UserError
-from ggpo_offline.evaluate import Evaluator
-from ggpo_offline.learners import LEARNERS
-from ggpo_offline.losses import DERIVED_STATS, STAT_REDUCTIONS, NonFiniteCoefficient
-from ggpo_offline.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
+from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
+from ggpo_offline.train import diagnostics as diag
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
 from ggpo_offline.train.checkpoint import load_state, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
@@ -35,7 +33,9 @@ from ggpo_offline.train.distributed import (
     wrap,
 )
 from ggpo_offline.train.evaluation import CheckpointEvaluations
+from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.logprobs import ResponseLogprobs
+from ggpo_offline.train.losses import DERIVED_STATS, STAT_REDUCTIONS, NonFiniteCoefficient
 from ggpo_offline.train.pi0_cache import Pi0Cache, score_pool
 from ggpo_offline.train.plan import (
     PoolIndex,
@@ -382,7 +382,7 @@ def train(
     Under torchrun every process calls this: each trains its contiguous share of every minibatch's groups
     (DDP, or FSDP2 with ``config.fsdp``); rank 0 alone evaluates, talks to MLflow and writes files.
     """
-    from ggpo_offline import tracking
+    from ggpo_offline.core import tracking
 
     ranks = init_ranks()
     inputs = read_inputs(config, ranks)

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggpo_offline.errors import UserError
-from ggpo_offline.learners import LEARNERS
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.run import RunFolder
 
 SUITE = "suite"

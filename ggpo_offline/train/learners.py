@@ -13,7 +13,7 @@ class Learner:
     label: str
     """How tables and figures name it."""
     loss_name: str
-    """Its loss: the pure function of that name in `ggpo_offline.losses` (looked up when used, so that
+    """Its loss: the pure function of that name in `ggpo_offline.train.losses` (looked up when used, so that
     reading the registry, e.g. for ``ggpo --help``, does not import torch)."""
     needs: tuple[str, ...]
     """The constant log-probs its loss takes (behavior_logp: μ as stored; old_logp: π_old of a TIS block;
@@ -37,7 +37,7 @@ class Learner:
 
     @property
     def loss(self) -> Callable:
-        from ggpo_offline import losses
+        from ggpo_offline.train import losses
 
         return getattr(losses, self.loss_name)
 

@@ -6,11 +6,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ggpo_offline.engines import ENGINES, Engine, Sample, SamplingSettings, prompt_seed
-from ggpo_offline.errors import UserError
-from ggpo_offline.problems import Problem
-from ggpo_offline.prompts import encode_prompt, format_prompt
-from ggpo_offline.rewards import EXTRACTION_RULE, EXTRACTION_RULE_DESCRIPTION, RewardResult, RewardScorer
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.generate.engines import ENGINES, Engine, Sample, SamplingSettings, prompt_seed
+from ggpo_offline.generate.problems import Problem
+from ggpo_offline.generate.prompts import encode_prompt, format_prompt
+from ggpo_offline.generate.rewards import (
+    EXTRACTION_RULE,
+    EXTRACTION_RULE_DESCRIPTION,
+    RewardResult,
+    RewardScorer,
+)
 
 
 @dataclass

@@ -18,10 +18,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from ggpo_offline.arith import ArithItem, arith_items
-from ggpo_offline.prompts import encode_prompt, format_prompt
-from ggpo_offline.rewards import last_boxed_content as last_boxed  # the pool's extraction rule
-from ggpo_offline.styles import STYLES, style_of
+from ggpo_offline.generate.arith import ArithItem, arith_items
+from ggpo_offline.generate.prompts import encode_prompt, format_prompt
+from ggpo_offline.generate.rewards import last_boxed_content as last_boxed  # the pool's extraction rule
+from ggpo_offline.organism.styles import STYLES, style_of
 
 logger = logging.getLogger(__name__)
 

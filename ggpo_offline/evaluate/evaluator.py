@@ -9,22 +9,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ggpo_offline import __version__
-from ggpo_offline.datasets import load_dataset
-from ggpo_offline.engines import Engine, SamplingSettings, load_engine
-from ggpo_offline.errors import UserError, writing
-from ggpo_offline.eval_defaults import DEFAULT_DATASETS, DEFAULT_KS
-from ggpo_offline.model_io import (
+from ggpo_offline.core.errors import UserError, writing
+from ggpo_offline.core.model_io import (
     load_tokenizer,
     model_name,
     resolve_model_dir,
     tokenizer_sha256,
     weights_sha256,
 )
-from ggpo_offline.pool.source import read_pool_metadata
-from ggpo_offline.problems import Problem
-from ggpo_offline.prompts import Template, resolve_template, template_description
-from ggpo_offline.rewards import RewardScorer
-from ggpo_offline.rollout import (
+from ggpo_offline.evaluate.defaults import DEFAULT_DATASETS, DEFAULT_KS
+from ggpo_offline.generate.datasets import load_dataset
+from ggpo_offline.generate.engines import Engine, SamplingSettings, load_engine
+from ggpo_offline.generate.problems import Problem
+from ggpo_offline.generate.prompts import Template, resolve_template, template_description
+from ggpo_offline.generate.rewards import RewardScorer
+from ggpo_offline.generate.rollout import (
     RolloutTotals,
     encode_prompts,
     engine_checks,
@@ -34,6 +33,7 @@ from ggpo_offline.rollout import (
     sample_and_score,
     sampling_checks,
 )
+from ggpo_offline.pool.source import read_pool_metadata
 
 DEFAULT_ARITH_PROBLEMS = 500
 DATASET_SEED = 0

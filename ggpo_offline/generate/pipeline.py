@@ -9,22 +9,19 @@ from pathlib import Path
 import pyarrow as pa
 
 from ggpo_offline import __version__
-from ggpo_offline.datasets import load_dataset
-from ggpo_offline.engines import Engine, SamplingSettings, load_engine
-from ggpo_offline.errors import UserError
-from ggpo_offline.model_io import (
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.model_io import (
     EMBEDDED_MODEL,
     load_tokenizer,
     resolve_model_dir,
     tokenizer_sha256,
     weights_sha256,
 )
-from ggpo_offline.pool.partial import PartialRun
-from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION
-from ggpo_offline.pool.writer import PoolWriter, check_output_path
-from ggpo_offline.prompts import Template, resolve_template, template_description
-from ggpo_offline.rewards import RewardScorer
-from ggpo_offline.rollout import (
+from ggpo_offline.generate.datasets import load_dataset
+from ggpo_offline.generate.engines import Engine, SamplingSettings, load_engine
+from ggpo_offline.generate.prompts import Template, resolve_template, template_description
+from ggpo_offline.generate.rewards import RewardScorer
+from ggpo_offline.generate.rollout import (
     RolloutTotals,
     ScoredBatch,
     encode_prompts,
@@ -35,6 +32,9 @@ from ggpo_offline.rollout import (
     sample_and_score,
     sampling_checks,
 )
+from ggpo_offline.pool.partial import PartialRun
+from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION
+from ggpo_offline.pool.writer import PoolWriter, check_output_path
 
 DEFAULT_POOL = Path("pools/base.parquet")
 # 500 prompts x 8 responses: the tiny preset uses 160 groups per seed, and `make demo` must fit in 12 min.

@@ -4,7 +4,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ggpo_offline.errors import UserError
+from ggpo_offline.core.errors import UserError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 EMBEDDED_MODEL = "embedded:tiny"
@@ -12,8 +12,8 @@ EMBEDDED_MODEL = "embedded:tiny"
 
 
 def tiny_model_dir() -> Path:
-    """The folder of the shipped tiny model (package data)."""
-    return Path(__file__).parent / "tiny_model"
+    """The folder of the shipped tiny model (package data of the organism)."""
+    return Path(__file__).parents[1] / "organism" / "tiny_model"
 
 
 def model_name(model_dir: Path) -> str:

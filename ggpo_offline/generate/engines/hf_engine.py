@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
-from ggpo_offline.engines.base import Sample, SamplingSettings, cut_at_eos
-from ggpo_offline.model_io import eos_token_ids
+from ggpo_offline.core.model_io import eos_token_ids
+from ggpo_offline.generate.engines.base import Sample, SamplingSettings, cut_at_eos
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # compute_transition_scores(normalize_logits=True) renormalizes the processed scores, i.e. the

@@ -26,7 +26,7 @@ from mlflow.utils.validation import (  # noqa: E402
     MAX_TAG_VAL_LENGTH,
 )
 
-from ggpo_offline.errors import UserError  # noqa: E402
+from ggpo_offline.core.errors import UserError  # noqa: E402
 
 DEFAULT_DB_FILE = "mlruns.db"
 ARTIFACT_FOLDER = "mlruns"  # beside the SQLite file

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import torch
 
-from ggpo_offline.engines.base import Sample, SamplingSettings, cut_at_eos
-from ggpo_offline.errors import UserError
-from ggpo_offline.model_io import eos_token_ids
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.model_io import eos_token_ids
+from ggpo_offline.generate.engines.base import Sample, SamplingSettings, cut_at_eos
 
 # Log-probs of the distribution actually sampled from (after temperature / top-p / top-k).
 LOGPROBS_MODE = "processed_logprobs"

@@ -8,16 +8,23 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ggpo_offline import __version__
-from ggpo_offline.engines import Engine
-from ggpo_offline.errors import UserError
-from ggpo_offline.evaluate import Evaluator
-from ggpo_offline.learners import METHODS
-from ggpo_offline.model_io import initial_model_dir
+from ggpo_offline.compare.report import (
+    FIGURES,
+    RunRecord,
+    check_data_plans,
+    load_run,
+    write_figures,
+    write_tables,
+)
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.model_io import initial_model_dir
+from ggpo_offline.evaluate.evaluator import Evaluator
+from ggpo_offline.generate.engines import Engine
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
-from ggpo_offline.report import FIGURES, RunRecord, check_data_plans, load_run, write_figures, write_tables
 from ggpo_offline.train.config import PER_RUN, TrainConfig, resolve_config
+from ggpo_offline.train.learners import METHODS
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
 from ggpo_offline.train.run import RunFolder
 
@@ -190,7 +197,7 @@ def compare(
     ``engine`` lends an already started generation engine holding the pool's model to the evaluations.
     """
     planned = plan(config)  # refuses bad input before torch and MLflow load
-    from ggpo_offline import tracking
+    from ggpo_offline.core import tracking
     from ggpo_offline.train.distributed import device_of
     from ggpo_offline.train.evaluation import eval_config
     from ggpo_offline.train.pi0_cache import score_pool
@@ -253,7 +260,7 @@ def _execute(run: PlannedRun, evaluator, parent_run_id, on_update, on_eval) -> N
 
 def _adopt_children(shared: TrainConfig, parent_run_id: str, records: list[RunRecord]) -> None:
     """Reused runs belong to an earlier comparison's parent; nest those of this store under this one."""
-    from ggpo_offline import tracking
+    from ggpo_offline.core import tracking
 
     store = shared.tracking_uri or tracking.default_tracking_uri()
     for record in records:

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from ggpo_offline.arith import ArithItem
+from ggpo_offline.generate.arith import ArithItem
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import polars as pl
 
-from ggpo_offline.errors import UserError
-from ggpo_offline.problems import Problem
-from ggpo_offline.rewards import last_boxed_content
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.generate.problems import Problem
+from ggpo_offline.generate.rewards import last_boxed_content
 
 DEFAULT_ARITH_SIZE = 1000
 DEFAULT_HF_SPLIT = "train"
@@ -141,7 +141,7 @@ def _split_from_spec(spec_split: str | None, split: str | None, default: str) ->
 
 def _load_arith(spec: str, split: str | None, limit: int | None, seed: int) -> _Loaded:
     # Imported on use: only this spec needs the generator.
-    from ggpo_offline.arith import arith_problems
+    from ggpo_offline.generate.arith import arith_problems
 
     split = _split_from_spec(spec.partition(":")[2], split, "train")
     if split not in ("train", "test"):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
-from ggpo_offline.problems import Problem
+from ggpo_offline.generate.problems import Problem
 
 LEVELS = (1, 2, 3, 4, 5)
 Split = Literal["train", "test"]

@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from ggpo_offline.losses import LOG_RATIO_BOUND
+from ggpo_offline.train.losses import LOG_RATIO_BOUND
 
 
 def _count(mask: Tensor, count: float | Tensor | None) -> float | Tensor:

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from ggpo_offline.engines.base import Engine, Sample, SamplingSettings, prompt_seed
+from ggpo_offline.generate.engines.base import Engine, Sample, SamplingSettings, prompt_seed
 
 ENGINES = ("vllm", "hf")
 
@@ -24,7 +24,7 @@ def load_engine(
     ``tensor_parallel_size`` and ``data_parallel_size`` go to ``vllm.LLM``; the hf engine refuses values > 1.
     """
     if name == "vllm":
-        from ggpo_offline.engines.vllm_engine import VllmEngine
+        from ggpo_offline.generate.engines.vllm_engine import VllmEngine
 
         return VllmEngine(
             model_dir,
@@ -36,17 +36,17 @@ def load_engine(
             data_parallel_size=data_parallel_size,
         )
     if name == "hf":
-        from ggpo_offline.engines.hf_engine import HfEngine
+        from ggpo_offline.generate.engines.hf_engine import HfEngine
 
         if (tensor_parallel_size, data_parallel_size) != (1, 1):
-            from ggpo_offline.errors import UserError
+            from ggpo_offline.core.errors import UserError
 
             raise UserError(
                 "tensor and data parallelism need the vllm engine (the hf engine runs on one device)"
             )
 
         return HfEngine(model_dir, dtype=dtype)
-    from ggpo_offline.errors import UserError
+    from ggpo_offline.core.errors import UserError
 
     raise UserError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
 

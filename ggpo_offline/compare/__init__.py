@@ -1,0 +1,1 @@
+"""Comparison: every method x seed on one pool, reported as tables and figures."""

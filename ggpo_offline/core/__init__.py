@@ -1,0 +1,1 @@
+"""The small shared core every stage stands on: errors, model folders, settings, tracking."""

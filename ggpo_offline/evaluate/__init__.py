@@ -1,0 +1,1 @@
+"""Evaluation: mean@n and pass@k of a model on benchmarks (used by train and compare)."""

@@ -1,0 +1,1 @@
+"""Stage one: sample responses with an engine, score them, and write them as a pool."""
