@@ -275,3 +275,19 @@ def test_train_with_an_unreachable_tracking_server_stops_before_training(tmp_pat
         )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "run" / "final").is_dir() and not (tmp_path / "mlruns.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["build-tiny-model"], "Missing option '--out'"),
+        (["train", "--updates", "ten"], "Invalid value for '--updates'"),
+    ],
+)
+def test_usage_errors_are_click_messages_without_a_traceback(args, expected, capsys):
+    from ggpo_cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and expected in err and "Traceback" not in err

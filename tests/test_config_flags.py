@@ -1,51 +1,83 @@
-"""Every TrainConfig field is a flag of `ggpo train` and a key of --config, with one help text, and `ggpo
-compare` offers the same flags for its shared settings."""
+"""Every command's options come from its settings dataclass: each field is a flag with its help, a config-file
+key where the command reads one, and `to_flags` writes the flags that give a config back."""
 
+import ast
 import json
+import re
 import sys
 import typing
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 import typer
 
-from ggpo_offline.train.config import PER_RUN, TrainConfig, flag_name, resolve_config
+from ggpo_offline.compare.config import CompareConfig
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.settings import (
+    choices,
+    config_from,
+    element_type,
+    field_of,
+    flag_name,
+    leaf_values,
+    leaves,
+    normalize,
+    to_flags,
+    type_of,
+)
+from ggpo_offline.evaluate.config import EvalConfig
+from ggpo_offline.generate.config import GenerateConfig
+from ggpo_offline.generate.engines import SamplingSettings
+from ggpo_offline.organism.config import StylesConfig, TinyModelConfig
+from ggpo_offline.pool.config import MergeConfig
+from ggpo_offline.train.config import PER_RUN, ScoreConfig, TrainConfig, TrainOptions, resolve_config
 
-HINTS = typing.get_type_hints(TrainConfig)
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS = {
+    "generate-pool": [(GenerateConfig, ())],
+    "train": [(TrainOptions, ()), (TrainConfig, ())],
+    "eval": [(EvalConfig, ())],
+    "compare": [(CompareConfig, ("settings",)), (TrainConfig, PER_RUN)],
+    "build-tiny-model": [(TinyModelConfig, ())],
+    "measure-styles": [(StylesConfig, ())],
+    "pool score": [(ScoreConfig, ())],
+    "pool merge": [(MergeConfig, ())],
+}
+"""Each command's settings dataclasses and the fields that are not its flags."""
+NOT_READ_BY_GRPO_TIS = ("beta", "clip", "horizon", "cost_bound", "cispo_low", "cispo_high")
+"""Learner settings grpo-tis refuses (the registry's rule); the train round trip leaves them at default."""
+SPECIAL = {
+    "pool": Path("elsewhere/p.parquet"), "out": Path("run/x"), "method": "grpo-tis", "ref_refresh": 7,
+    "eval_gpu_memory_fraction": 0.6, "gpu_memory_fraction": 0.6, "eval_datasets": ("a.jsonl", "arith:train"),
+    "datasets": ("a.jsonl", "arith:train"), "methods": ("grpo", "ggpo"), "seeds": (3, 5), "top_p": 0.5,
+    "shard_index": 1, "num_shards": 3, "preset": "tiny",
+}  # fmt: skip
 
 
-def chosen_value(name: str):
-    """A value of the field's type that differs from its default and passes validation."""
-    special = {
-        "method": "grpo-tis", "eval_engine": "hf", "pool": Path("elsewhere/p.parquet"), "out": Path("run/x"),
-        "ref_refresh": 7, "eval_gpu_memory_fraction": 0.6, "eval_datasets": ("a.jsonl", "arith:train"),
-        "eval_ks": (1, 2), "model": "some/model", "tracking_uri": "sqlite:///x.db", "experiment": "exp",
-        "cispo_low": 0.5,
-    }  # fmt: skip
-    if name in special:
-        return special[name]
-    default, kind = TrainConfig.__dataclass_fields__[name].default, HINTS[name]
+def chosen_value(cls: type, name: str):
+    """A value of the setting's type that differs from its default (and passes validation)."""
+    if name in SPECIAL:
+        return SPECIAL[name]
+    default, kind = field_of(cls, name).default, type_of(cls, name)
+    options = [choice for choice in choices(cls, name) if choice != default]
+    if options:
+        return options[0]
+    if element_type(cls, name) is not None:
+        return (1, 2) if element_type(cls, name) is int else ("one", "two")
     if kind is bool:
-        return True
-    if kind is float:
-        return default * 2
+        return not default
+    if Path in typing.get_args(kind) or kind is Path:
+        return Path("some/where")
+    if str in typing.get_args(kind) or kind is str:
+        return "some-text"
+    if float in typing.get_args(kind) or kind is float:
+        return 0.5 if not default else default * 2
     return 3 if default is None else default + 3  # int or int | None
 
 
-def flags_for(values: dict) -> list[str]:
-    words = []
-    for name, value in values.items():
-        flag = "--" + flag_name(name)
-        if value is True:
-            words.append(flag)
-        elif name == "eval_datasets":
-            words += [part for item in value for part in (flag, item)]
-        elif isinstance(value, tuple):
-            words += [flag, ",".join(map(str, value))]
-        else:
-            words += [flag, str(value)]
-    return words
+def changed_values(cls: type, skip: tuple[str, ...] = ()) -> dict:
+    return {name: chosen_value(cls, name) for name in leaves(cls) if name not in skip}
 
 
 def toml(value) -> str:
@@ -58,36 +90,208 @@ def toml(value) -> str:
     return json.dumps(str(value))
 
 
-def test_every_field_is_a_flag_and_a_config_file_key(tmp_path, monkeypatch, capsys):
+def run_cli(monkeypatch, capsys, module, function: str, argv: list[str]) -> list:
+    """Run ``ggpo argv`` with ``module.function`` replaced by one that records its first argument."""
     from ggpo_cli.main import main
 
-    from ggpo_offline.train import trainer
-
-    values = {f.name: chosen_value(f.name) for f in fields(TrainConfig)}
-    assert all(values[name] != getattr(TrainConfig(), name) for name in values)
-    expected = TrainConfig(**values)
-
     received = []
-    monkeypatch.setattr(trainer, "train", lambda config, **_: received.append(config) or sys.exit(0))
-    monkeypatch.setattr(sys, "argv", ["ggpo", "train", *flags_for(values)])
+    monkeypatch.setattr(module, function, lambda config, *_, **__: received.append(config) or sys.exit(0))
+    monkeypatch.setattr(sys, "argv", ["ggpo", *argv])
     with pytest.raises(SystemExit) as done:
         main()
     assert done.value.code == 0, capsys.readouterr().err
-    assert received == [expected]
+    return received
+
+
+def test_every_train_field_is_a_flag_and_a_config_file_key(tmp_path, monkeypatch, capsys):
+    from ggpo_offline.train import trainer
+
+    values = changed_values(TrainConfig, NOT_READ_BY_GRPO_TIS)
+    assert all(values[name] != getattr(TrainConfig(), name) for name in values)
+    expected = TrainConfig(**values)
+    flags = to_flags(expected, TrainConfig)
+    assert len([word for word in flags if word.startswith("--")]) == len(values) + 1  # 2 eval datasets
+    assert run_cli(monkeypatch, capsys, trainer, "train", ["train", *flags]) == [expected]
 
     (tmp_path / "all.toml").write_text("".join(f"{name} = {toml(value)}\n" for name, value in values.items()))
     assert resolve_config(None, tmp_path / "all.toml") == expected
 
 
-def _options(command: str) -> dict[str, str]:
+@pytest.mark.parametrize("method", ["ggpo", "grpo", "pg"])
+def test_to_flags_leaves_out_a_default_that_follows_the_method(method):
+    config = TrainConfig(method=method)  # ref_refresh: 160 for ggpo, never for grpo and pg
+    assert to_flags(config, TrainConfig) == ([] if method == "ggpo" else ["--method", method])
+    assert to_flags(replace(config, ref_refresh=None), TrainConfig)[-2:] == (
+        ["--ref-refresh", "never"] if method == "ggpo" else ["--method", method]
+    )
+
+
+def test_generate_config_round_trips_through_its_flags(monkeypatch, capsys):
+    from ggpo_offline.generate import pipeline
+
+    values = changed_values(GenerateConfig)
+    sampling = SamplingSettings(**{f.name: values.pop(f.name) for f in fields(SamplingSettings)})
+    expected = GenerateConfig(**values, sampling=sampling)
+    assert all(value != getattr(GenerateConfig(), name) for name, value in values.items())
+    assert all(getattr(sampling, f.name) != f.default for f in fields(SamplingSettings))
+    flags = to_flags(expected, GenerateConfig)
+    assert "--samples-per-prompt" in flags and "--template" in flags
+    assert run_cli(monkeypatch, capsys, pipeline, "generate_pool", ["generate-pool", *flags]) == [expected]
+    short = run_cli(monkeypatch, capsys, pipeline, "generate_pool", ["generate-pool", "-m", "4"])
+    assert short == [GenerateConfig(sampling=SamplingSettings(m=4))]
+
+
+def test_eval_config_round_trips_through_its_flags(monkeypatch, capsys):
+    from ggpo_offline.evaluate import evaluator
+
+    expected = EvalConfig(**changed_values(EvalConfig))
+    assert all(getattr(expected, k) != v for k, v in leaf_values(EvalConfig()).items())
+    flags = to_flags(expected, EvalConfig)
+    assert flags.count("--dataset") == 2 and "--num-samples" in flags and "--ks" in flags
+    assert run_cli(monkeypatch, capsys, evaluator, "evaluate", ["eval", *flags]) == [expected]
+    short = run_cli(monkeypatch, capsys, evaluator, "evaluate", ["eval", "-n", "4", "-k", "1,2"])
+    assert short == [EvalConfig(n=4, ks=(1, 2))]
+
+
+def test_compare_config_round_trips_through_its_flags(monkeypatch, capsys):
+    from ggpo_offline.compare import comparison
+
+    settings = {
+        "updates": 7,
+        "eval_ks": (1, 2),
+        "eval_datasets": ("arith:test", "b.jsonl"),
+        "no_tracking": True,
+    }
+    expected = CompareConfig(**changed_values(CompareConfig, ("settings",)), settings=settings)
+    flags = to_flags(expected, CompareConfig, only=tuple(leaves(CompareConfig))[:-3]) + to_flags(
+        expected.settings, TrainConfig
+    ) + to_flags(expected, CompareConfig, only=("out", "rerun"))  # fmt: skip
+    assert flags[:6] == ["--pool", "elsewhere/p.parquet", "--methods", "grpo,ggpo", "--seeds", "3,5"]
+    [received] = run_cli(monkeypatch, capsys, comparison, "compare", ["compare", *flags])
+    # the CLI hands the training flags on as given ("1,2"); resolve_config converts them for every run
+    assert replace(received, settings=normalize(TrainConfig, received.settings, "flags")) == expected
+    assert comparison.reproduce_command(expected).split()[2:] == flags[:-1]  # --rerun: not a setting
+
+
+def _help_of(path: str) -> tuple:
+    """A command and its --help text, unwrapped (one line per option)."""
     from ggpo_cli.main import app
 
-    click_command = typer.main.get_command(app).commands[command]
-    return {param.opts[0]: param.help for param in click_command.params}
+    command = typer.main.get_command(app)
+    for word in path.split():
+        command = command.commands[word]
+    context = typer.Context(command, info_name=path, terminal_width=10_000, max_content_width=10_000)
+    return command, command.get_help(context)
+
+
+def _option_line(help_text: str, flag: str) -> str | None:
+    """The --help entry of ``flag`` on one line: its first column lists the option's names (``-n,
+    --num-samples``); click moves the help of a long name to the next line."""
+    lines = help_text.splitlines() + [""]
+    for position, line in enumerate(lines):
+        if line.startswith("  -") and flag in re.split(r"[ ,/]+", line.strip().split("  ")[0]):
+            follows = lines[position + 1]
+            return line if follows.startswith("  -") else f"{line} {follows.strip()}"
+    return None
+
+
+def _options(command) -> set[str]:
+    return {p.opts[0] for p in command.params if p.param_type_name == "option"} - {"--help"}
+
+
+@pytest.mark.parametrize("path", list(COMMANDS))
+def test_every_setting_of_every_command_is_a_flag_with_its_help(path):
+    command, help_text = _help_of(path)
+    expected = set()
+    for cls, exclude in COMMANDS[path]:
+        for name in leaves(cls):
+            if name in exclude:
+                continue
+            flag = "--" + flag_name(cls, name)
+            line = _option_line(help_text, flag)
+            assert line is not None, f"{path}: no {flag}"
+            assert field_of(cls, name).metadata["help"] in line, f"{path} {flag}: help differs"
+            expected.add(flag)
+    options = {max(p.opts, key=len) for p in command.params if p.param_type_name == "option"} - {"--help"}
+    assert options == expected  # and no option that is not a setting
+
+
+def test_every_command_is_walked():
+    from ggpo_cli.main import app
+
+    group = typer.main.get_command(app)
+    with_options = set()
+    for name, command in group.commands.items():
+        subcommands = command.commands.items() if hasattr(command, "commands") else [(None, command)]
+        for sub, leaf in subcommands:
+            if _options(leaf):
+                with_options.add(name if sub is None else f"{name} {sub}")
+    assert with_options == set(COMMANDS)
 
 
 def test_compare_offers_the_same_flags_as_train_for_every_shared_setting():
-    train, compare = _options("train"), _options("compare")
-    shared = ["--" + flag_name(f.name) for f in fields(TrainConfig) if f.name not in PER_RUN]
-    assert all(train[flag] == compare[flag] for flag in shared)
-    assert "--method" in train and "--seed" in train and "--seed" not in compare
+    _, train = _help_of("train")
+    _, compare = _help_of("compare")
+    shared = ["--" + flag_name(TrainConfig, f.name) for f in fields(TrainConfig) if f.name not in PER_RUN]
+    lines = {text: {line for line in text.splitlines() if line.strip().startswith("--")} for text in (train,)}
+    assert all(line in compare.splitlines() for line in lines[train] if line.split()[0] in shared)
+    assert "--method" in train and "--seed" in train and "\n  --seed " not in compare
+
+
+@pytest.mark.parametrize(
+    ("cls", "values", "message"),
+    [
+        (EvalConfig, {"dtype": "f8"}, "unknown --dtype 'f8'; choose one of auto, float32, bfloat16, float16"),
+        (
+            GenerateConfig,
+            {"template": "chatty"},
+            "unknown --template 'chatty'; choose one of auto, chat, plain",
+        ),
+        (TrainConfig, {"eval_engine": "tgi"}, "unknown --eval-engine 'tgi'; choose one of vllm, hf"),
+    ],
+)
+def test_a_choice_outside_its_literal_is_refused_with_one_line(cls, values, message):
+    with pytest.raises(UserError) as refused:
+        config_from(cls, values)
+    assert str(refused.value) == message
+    with pytest.raises(UserError, match=message):
+        cls(**values)  # the library's own constructor checks it too
+
+
+def test_a_choice_outside_its_literal_is_one_error_line_on_the_command_line(monkeypatch, capsys):
+    from ggpo_cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["ggpo", "eval", "--engine", "tgi"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 1
+    assert capsys.readouterr().err == "error: unknown --engine 'tgi'; choose one of vllm, hf\n"
+
+
+def test_list_flags_name_the_flag_when_an_item_is_not_a_number():
+    with pytest.raises(UserError, match=r"^--ks must be comma-separated whole numbers, got '1,x'$"):
+        config_from(EvalConfig, {"ks": "1,x"})
+
+
+def restated_defaults(source: str) -> list[str]:
+    """``typer.Option(8, ...)`` and literal parameter defaults: a setting's default restated in cli/."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("Option", "Argument"):
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and first.value not in (None, Ellipsis):
+                found.append(f"line {node.lineno}: {ast.unparse(node)[:60]}")
+        if isinstance(node, ast.FunctionDef) and any(
+            "command" in ast.unparse(d) for d in node.decorator_list
+        ):
+            for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
+                if isinstance(default, ast.Constant) and default.value is not None:
+                    found.append(f"line {default.lineno}: {node.name} default {default.value!r}")
+    return found
+
+
+def test_the_cli_restates_no_default():
+    assert restated_defaults('import typer\ndef f(n: int = typer.Option(8, "-m")): ...')  # the check bites
+    assert restated_defaults('@app.command("x")\ndef f(forced=True): ...')
+    for path in sorted((REPO / "cli").glob("*.py")):
+        assert restated_defaults(path.read_text()) == [], path.name

@@ -12,14 +12,9 @@ from conftest import write_synthetic_pool
 from test_cli import assert_one_error_line, ggpo
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.evaluate.evaluator import (
-    EvalConfig,
-    aggregate,
-    evaluate,
-    pass_at_k,
-    reported_ks,
-    resolve_sampling,
-)
+from ggpo_offline.evaluate.config import EvalConfig
+from ggpo_offline.evaluate.evaluator import evaluate, resolve_sampling
+from ggpo_offline.evaluate.scores import aggregate, pass_at_k, reported_ks
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:

@@ -9,7 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ggpo_offline.train.learners import LEARNERS, learner
-from ggpo_offline.train.losses import STAT_REDUCTIONS, agro_loss, ggpo_loss, grpo_loss, grpo_tis_loss
+from ggpo_offline.train.losses import (
+    Derived,
+    GroupMean,
+    GroupWeights,
+    Max,
+    agro_loss,
+    ggpo_loss,
+    grpo_loss,
+    grpo_tis_loss,
+)
 
 TOL = dict(rtol=1e-9, atol=1e-12)
 BETA = 0.1
@@ -200,14 +209,14 @@ def test_ggpo_matches_spec_and_gradient_is_eq9(seed):
     out = call("ggpo", batch)
     loss, J, c = hand_ggpo(as_lists(batch), BETA)
     assert out.loss.item() == pytest.approx(loss, rel=1e-10)
-    torch.testing.assert_close(out.stats["group_loss"], torch.tensor(J, dtype=torch.float64), **TOL)
+    torch.testing.assert_close(out.stats["group_loss"].value, torch.tensor(J, dtype=torch.float64), **TOL)
     c_hand = torch.tensor(c, dtype=torch.float64)
     c_auto = response_coefficients(
         grad_of(out.loss, batch["logp"]), batch["mask"], batch["mask"].sum().item()
     )
     torch.testing.assert_close(c_auto, c_hand, **TOL)  # ∂L/∂logp_t = −(1/T_tok) c_i M_t, c from q = softmax
     m = batch["m"]
-    torch.testing.assert_close(out.stats["q"], (c_hand * math.sqrt(m - 1) + 1) / m, **TOL)
+    torch.testing.assert_close(out.stats["q"].value, (c_hand * math.sqrt(m - 1) + 1) / m, **TOL)
 
 
 def test_ggpo_clip_matches_spec():
@@ -215,7 +224,7 @@ def test_ggpo_clip_matches_spec():
     out = call("ggpo-clip", batch)
     loss, stat, c = hand_ggpo_clip(as_lists(batch), BETA, clip=0.05)
     assert out.loss.item() == pytest.approx(loss, rel=1e-10)
-    torch.testing.assert_close(out.stats["group_loss"], torch.tensor(stat, dtype=torch.float64), **TOL)
+    torch.testing.assert_close(out.stats["group_loss"].value, torch.tensor(stat, dtype=torch.float64), **TOL)
     c_auto = response_coefficients(
         grad_of(out.loss, batch["logp"]), batch["mask"], batch["mask"].sum().item()
     )
@@ -268,14 +277,24 @@ def test_micro_batches_with_global_token_count_sum_to_the_full_batch(name):
         part.loss.backward()  # accumulates into logp.grad, as a trainer does
     torch.testing.assert_close(batch["logp"].grad, full_grad, **TOL)
     torch.testing.assert_close(sum(part.loss for part in parts), full.loss, **TOL)
-    for key, value in full.stats.items():  # scalar stats sum (or as STAT_REDUCTIONS says), others concatenate
-        pieces = [part.stats[key] for part in parts]
-        if value.dim() > 0:
-            reduced = torch.cat(pieces)
-        else:
-            reduced = torch.stack(pieces).amax() if STAT_REDUCTIONS.get(key) == "max" else sum(pieces)
+    for key, value in full.stats.items():  # each stat reduced as its kind declares gives the full-batch one
+        if isinstance(value, Derived):  # computed from reduced stats of the same result
+            assert set(value.inputs) <= set(full.stats)
+            continue
+        reduced = reduce_micro_batches([part.stats[key] for part in parts])
+        value = value.value if isinstance(value, Max | GroupMean | GroupWeights) else value
         torch.testing.assert_close(reduced, value, **TOL)
         assert not value.requires_grad
+
+
+def reduce_micro_batches(pieces: list) -> torch.Tensor:
+    """One stat's micro-batch values combined as its kind says: scalars sum, `Max` takes the maximum,
+    per-group and per-response values concatenate."""
+    if isinstance(pieces[0], Max):
+        return torch.stack([piece.value for piece in pieces]).amax()
+    if isinstance(pieces[0], GroupMean | GroupWeights):
+        return torch.cat([piece.value for piece in pieces])
+    return torch.cat(pieces) if pieces[0].dim() > 0 else sum(pieces)
 
 
 @pytest.mark.parametrize("name", sorted(LEARNERS))
@@ -333,7 +352,7 @@ def test_ggpo_group_loss_lies_between_its_bounds(data, beta):
         log_ratio, torch.zeros_like(log_ratio), torch.ones_like(log_ratio), rewards, group_size=m, beta=beta
     )
     R = rewards - beta * log_ratio[:, 0]
-    J, gap = out.stats["group_loss"].item(), (R.max() - R.mean()).item()
+    J, gap = out.stats["group_loss"].value.item(), (R.max() - R.mean()).item()
     assert J >= -1e-12  # ≥ 0 up to rounding
     assert gap - beta * math.log(m) - 1e-12 <= J <= gap + 1e-12
 
@@ -344,7 +363,7 @@ def test_ggpo_group_loss_is_zero_for_equal_adjusted_rewards(level, log_ratio):
     d = torch.tensor(log_ratio, dtype=torch.float64)[:, None]
     rewards = level + BETA * d[:, 0]  # R_i = r_i − β d_i = level for every i
     out = ggpo_loss(d, torch.zeros_like(d), torch.ones_like(d), rewards, group_size=len(log_ratio), beta=BETA)
-    assert abs(out.stats["group_loss"].item()) < 1e-12
+    assert abs(out.stats["group_loss"].value.item()) < 1e-12
 
 
 # --- paper Figure 6: summed coefficient on the correct responses, m = 8, k = 1..7 correct ----------

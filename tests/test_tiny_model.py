@@ -7,19 +7,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 from ggpo_offline.core.model_io import tiny_model_dir
 from ggpo_offline.generate.arith import ArithItem, arith_items
 from ggpo_offline.generate.prompts import encode_prompt, format_prompt, resolve_template
+from ggpo_offline.organism.measure import _style_scores, evaluate_sampled_accuracy, last_boxed, measure_styles
 from ggpo_offline.organism.styles import STYLES, style_of
 from ggpo_offline.organism.tiny import (
     IGNORE_INDEX,
     _collate,
     _pretraining_loss,
-    _style_scores,
     _training_examples,
     build_config,
     build_tiny_model,
     build_tokenizer,
-    evaluate_sampled_accuracy,
-    last_boxed,
-    measure_styles,
 )
 
 

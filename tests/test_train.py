@@ -191,7 +191,7 @@ def test_the_second_papers_learners_start_on_policy_and_repeat_exactly(hf_pool, 
 
 
 def test_learners_without_a_reference_refuse_a_refresh_interval(vllm_pool, tmp_path):
-    with pytest.raises(UserError, match="--ref-refresh: ggpo-reward-only has no reference to refresh"):
+    with pytest.raises(UserError, match="--ref-refresh is not read by ggpo-reward-only; it is read by ggpo,"):
         resolve_config(None, None, method="ggpo-reward-only", ref_refresh=10)
     assert resolve_config(None, None, method="proximal-kl").ref_refresh == 160  # SPEC-beyond PROVISIONAL
     assert resolve_config(None, None, method="is-free", horizon="full").horizon is None
@@ -431,10 +431,11 @@ def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, ti
     pool = tmp_path / "pool.parquet"
     shutil.copy(vllm_pool, pool)
     device = torch.device("cpu")
-    cache = score_pool(pool, tiny_dir, device)
+    cache = score_pool(pool, tiny_dir, device, 1.0)  # the pool's sampling temperature
     assert cache.path.parent == tmp_path and cache.path.name.startswith("pool.pi0-")
     stamp = cache.path.stat().st_mtime_ns
-    assert score_pool(pool, tiny_dir, device).path == cache.path and cache.path.stat().st_mtime_ns == stamp
+    again = score_pool(pool, tiny_dir, device, 1.0)
+    assert again.path == cache.path and cache.path.stat().st_mtime_ns == stamp
     index = index_pool(pool)
     batch = MinibatchReader(pool, index, pad_id=0).read(index.mixed_group_ids[[4, 1, 7]].tolist())
     torch.testing.assert_close(cache.logprobs(batch), _logprobs_under(tiny_dir, batch), atol=1e-5, rtol=0)
@@ -443,9 +444,9 @@ def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, ti
     with pytest.raises(UserError, match="is not the π0 cache of this pool and model"):
         Pi0Cache(cache.path, {**key, "weights_sha256": "0" * 64})
     # FSDP2 computes in bf16 on CUDA (not on CPU): such a learner's π0 has its own cache there.
-    assert score_pool(pool, tiny_dir, device, sharded=True).path == cache.path
+    assert score_pool(pool, tiny_dir, device, 1.0, sharded=True).path == cache.path
     assert numerics(torch.device("cuda"), sharded=True) != numerics(torch.device("cuda"), sharded=False)
-    padded = score_pool(pool, tiny_dir, device, packed=False)  # --no-packing: other numerics, rescored
+    padded = score_pool(pool, tiny_dir, device, 1.0, packed=False)  # --no-packing: other numerics, rescored
     assert padded.path == cache.path and padded.path.stat().st_mtime_ns != stamp
     torch.testing.assert_close(padded.logprobs(batch), cache.logprobs(batch), atol=1e-5, rtol=0)
     with pytest.raises(UserError, match="is not the π0 cache of this pool and model"):

@@ -3,11 +3,12 @@
 import json
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ggpo_offline import __version__
+from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.compare.report import (
     FIGURES,
     RunRecord,
@@ -17,51 +18,26 @@ from ggpo_offline.compare.report import (
     write_tables,
 )
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.core.model_io import initial_model_dir
+from ggpo_offline.core.settings import to_flags
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.generate.engines import Engine
 from ggpo_offline.pool.inspect import pool_summary
-from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
-from ggpo_offline.train.config import PER_RUN, TrainConfig, resolve_config
-from ggpo_offline.train.learners import METHODS
-from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches, pool_fingerprint
+from ggpo_offline.train.config import PER_RUN, TrainConfig, config_for, given_settings, refuse_unread
+from ggpo_offline.train.inputs import plan_data, read_inputs, score_pi0
+from ggpo_offline.train.learners import learner
+from ggpo_offline.train.plan import index_pool, pool_fingerprint
 from ggpo_offline.train.run import RunFolder
 
 # The train modules that load torch and transformers are imported inside the functions that train, so a
 # refused command answers in a second or two instead of after ~10 s of imports.
 
-DEFAULT_METHODS = ("grpo", "grpo-tis", "agro", "ggpo")
-DEFAULT_SEEDS = (42, 1234, 2027)
 EVALUATIONS_PER_RUN = 5
 """Without --eval-every, runs are evaluated every U/5 updates (the paper: every 80 of 400)."""
 MARKER = "compare.json"
 RUNS_FOLDER = "runs"
 """Settings compare chooses for each run; everything else is shared by all runs."""
 TRACKING_SETTINGS = ("tracking_uri", "experiment", "no_tracking")
-
-
-@dataclass(frozen=True)
-class CompareConfig:
-    """What ``ggpo compare`` runs and where it writes."""
-
-    pool: Path = Path("pools/base.parquet")
-    methods: tuple[str, ...] = DEFAULT_METHODS
-    seeds: tuple[int, ...] = DEFAULT_SEEDS
-    preset: str | None = None
-    """Training preset of every run (paper-offline when None)."""
-    config_file: Path | None = None
-    """A TOML/YAML/JSON file of training settings shared by every run."""
-    settings: dict = field(default_factory=dict)
-    """Training settings given as flags, shared by every run (TrainConfig field names)."""
-    out: Path | None = None
-    """Report folder; None = reports/<pool name>/. Runs live in its runs/ folder."""
-    rerun: bool = False
-    """Train every run again even when a finished run with the same settings exists."""
-
-    @property
-    def report_dir(self) -> Path:
-        return self.out if self.out is not None else Path("reports") / Path(self.pool).stem
 
 
 @dataclass(frozen=True)
@@ -83,23 +59,22 @@ class CompareResult:
 
 
 def run_configs(config: CompareConfig) -> list[TrainConfig]:
-    """The TrainConfig of every run, seed-major (all methods of seed 1, then seed 2, ...)."""
+    """The TrainConfig of every run, seed-major (all methods of seed 1, then seed 2, ...).
+
+    A learner-specific setting is refused only when none of the methods reads it; each run gets those its
+    own learner reads."""
     _check_lists(config)
     chosen = [key for key in PER_RUN if key in config.settings]
     if chosen:
         raise UserError(f"compare chooses {', '.join(chosen)} for each run; remove it from the settings")
+    shared = given_settings(config.config_file, config.settings)
+    refuse_unread(shared, tuple(learner(method) for method in config.methods))
     runs = []
     for seed in config.seeds:
         for method in config.methods:
-            run = resolve_config(
-                config.preset,
-                config.config_file,
-                **config.settings,
-                pool=Path(config.pool),
-                method=method,
-                seed=seed,
-                out=config.report_dir / RUNS_FOLDER / f"{method}-s{seed}",
-            )
+            per_run = {"pool": Path(config.pool), "method": method, "seed": seed}
+            out = config.report_dir / RUNS_FOLDER / f"{method}-s{seed}"
+            run = config_for(config.preset, {**learner(method).keep_read(shared), **per_run, "out": out})
             if run.eval_every is None:
                 run = replace(run, eval_every=max(1, run.updates // EVALUATIONS_PER_RUN))
             runs.append(run)
@@ -107,9 +82,8 @@ def run_configs(config: CompareConfig) -> list[TrainConfig]:
 
 
 def _check_lists(config: CompareConfig) -> None:
-    unknown = [m for m in config.methods if m not in METHODS]
-    if unknown:
-        raise UserError(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
+    for method in config.methods:
+        learner(method)  # UnknownMethod names the choices
     if not config.methods or not config.seeds:
         raise UserError("give at least one method and one seed")
     for name, values in (("method", config.methods), ("seed", config.seeds)):
@@ -123,15 +97,10 @@ def plan(config: CompareConfig) -> list[PlannedRun]:
     validate_pool(pool)
     _check_report_dir(config.report_dir)
     runs = run_configs(config)
-    index = index_pool(pool)
-    pool_print = pool_fingerprint(pool)
+    index, pool_print = index_pool(pool), pool_fingerprint(pool)
     planned = []
     for run in runs:
-        data_plan = plan_minibatches(index, run.seed, run.updates, run.groups_per_batch)
-        fingerprints = {
-            "pool_fingerprint": pool_print,
-            "data_order_fingerprint": data_order_fingerprint(data_plan),
-        }
+        fingerprints = plan_data(run, index, pool_print).fingerprints  # the plan `train` will replay
         planned.append(PlannedRun(run, _action(run, fingerprints, config.rerun), fingerprints))
     return planned
 
@@ -198,9 +167,7 @@ def compare(
     """
     planned = plan(config)  # refuses bad input before torch and MLflow load
     from ggpo_offline.core import tracking
-    from ggpo_offline.train.distributed import device_of
     from ggpo_offline.train.evaluation import eval_config
-    from ggpo_offline.train.pi0_cache import score_pool
 
     shared = planned[0].config
     report_dir = config.report_dir
@@ -217,11 +184,12 @@ def compare(
     with tracking.ending(parent):
         parent.log_params({"methods": ",".join(config.methods), "seeds": ",".join(map(str, config.seeds))})
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
-        # π0's log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one).
-        initial_model = initial_model_dir(shared.model, read_pool_metadata(Path(config.pool)))
-        score_pool(Path(config.pool), initial_model, device_of(), packed=not shared.no_packing)
+        # The inputs every run reads (initial model and tokenizer checked against the pool), and π0's
+        # log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one).
+        inputs = read_inputs(shared)
+        score_pi0(shared, inputs)
         # One engine and one evaluation protocol for every run: the base model is evaluated once.
-        with Evaluator(eval_config(shared, initial_model), engine) as evaluator:
+        with Evaluator(eval_config(shared, inputs.model_dir), engine) as evaluator:
             for position, run in enumerate(planned):
                 if on_run is not None:
                     on_run(position, len(planned), run)
@@ -284,51 +252,32 @@ def _write_marker(report_dir: Path, config: CompareConfig, planned, status: str,
     (report_dir / MARKER).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _flag_words(settings: dict) -> list[str]:
-    words = []
-    for key, value in settings.items():
-        if value is None or value is False:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            words.append(flag)
-        elif key == "eval_datasets":
-            for spec in value:
-                words += ["--eval-dataset", str(spec)]
-        elif key == "eval_ks":
-            words += ["--eval-k", ",".join(map(str, value))]
-        else:
-            words += [flag, str(value)]
-    return words
-
-
 def reproduce_command(config: CompareConfig) -> str:
-    words = ["ggpo", "compare", "--pool", str(config.pool)]
-    words += ["--methods", ",".join(config.methods), "--seeds", ",".join(map(str, config.seeds))]
-    if config.preset:
-        words += ["--preset", config.preset]
-    if config.config_file:
-        words += ["--config", str(config.config_file)]
-    words += _flag_words(config.settings)
-    if config.out is not None:
-        words += ["--out", str(config.out)]
+    """The ``ggpo compare`` command of this comparison: its lists, then the training settings as given."""
+    words = ["ggpo", "compare", *to_flags(config, CompareConfig, only=("pool", "methods", "seeds"))]
+    words += to_flags(config, CompareConfig, only=("preset", "config_file"))
+    words += to_flags(config.settings, TrainConfig)
+    words += to_flags(config, CompareConfig, only=("out",))
     return shlex.join(words)
 
 
 def _train_command(run: TrainConfig, config: CompareConfig) -> str:
-    words = ["ggpo", "train", "--pool", str(run.pool), "--method", run.method, "--seed", str(run.seed)]
-    if config.preset:
-        words += ["--preset", config.preset]
-    if config.config_file:
-        words += ["--config", str(config.config_file)]
-    words += _flag_words({**config.settings, "eval_every": run.eval_every})
+    """The ``ggpo train`` command of one run: its own settings, then the comparison's shared ones that its
+    learner reads. A shared config file's settings are written out as flags: ``--config`` would also give
+    the settings other compared learners read, which ``ggpo train`` refuses for this one."""
+    shared = run.learner.keep_read(given_settings(config.config_file, config.settings))
+    words = ["ggpo", "train", *to_flags(run, TrainConfig, only=("pool", "method", "seed"))]
+    words += to_flags(config, CompareConfig, only=("preset",))
+    words += to_flags({**shared, "eval_every": run.eval_every}, TrainConfig)
     return shlex.join(words + ["--out", str(run.run_dir)])
 
 
 def write_readme(
     report_dir: Path, config: CompareConfig, planned, records, data_plans, parent_run_id
 ) -> None:
-    """The report's README: pool, settings, data plans, runs, results and the commands to reproduce it."""
+    """The report's README: pool, settings, data plans, runs, results and the commands to reproduce it.
+
+    Long because it is the page's template, section by section in the order the README shows them."""
     summary = pool_summary(Path(config.pool))
     meta = summary.get("metadata", {})
     shared = planned[0].config.to_dict()

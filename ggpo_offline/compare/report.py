@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.learners import LEARNERS
+from ggpo_offline.train.learners import learner
 from ggpo_offline.train.run import RunFolder
 
 SUITE = "suite"
@@ -160,7 +160,7 @@ def paper_findings(records: list[RunRecord], methods: list[str], scope: str) -> 
 
 
 def _display(method: str) -> str:
-    return "base model" if method == "base" else LEARNERS[method].label if method in LEARNERS else method
+    return "base model" if method == "base" else learner(method).label
 
 
 def write_tables(records: list[RunRecord], methods: list[str], seeds: list[int], out: Path) -> str:
@@ -242,10 +242,11 @@ def _plot_accuracy(ax, records: list[RunRecord], methods: list[str], scope: str)
         updates = sorted(row)
         means = [row[u].mean for u in updates]
         stds = [0.0 if math.isnan(row[u].std) else row[u].std for u in updates]
-        ax.plot(updates, means, marker="o", markersize=3, label=_display(method), **LEARNERS[method].style)
+        style = learner(method).style
+        ax.plot(updates, means, marker="o", markersize=3, label=_display(method), **style)
         low = [m - s for m, s in zip(means, stds, strict=True)]
         high = [m + s for m, s in zip(means, stds, strict=True)]
-        ax.fill_between(updates, low, high, color=LEARNERS[method].style["color"], alpha=0.18, linewidth=0)
+        ax.fill_between(updates, low, high, color=style["color"], alpha=0.18, linewidth=0)
     what = "suite" if scope == SUITE else scope
     ax.set_title(f"{what} mean@{n} (%), ±1 std over seeds")
     ax.set_xlabel("optimizer updates")
@@ -265,7 +266,7 @@ def _plot_diagnostic(ax, records: list[RunRecord], key: str, title: str, log: bo
         if log:
             values = [max(v, 1e-12) for v in values]  # an exact 0 cannot sit on a log axis
         marker = "o" if len(values) <= 20 else None  # sparse series (block ESS): show where the points are
-        style = LEARNERS[record.method].style
+        style = learner(record.method).style
         ax.plot(
             updates,
             values,

@@ -91,9 +91,7 @@ def eos_token_ids(model_dir: Path) -> set[int]:
     return ids
 
 
-def initial_model_dir(model: str | None, pool_meta: dict) -> Path:
-    """``--model``, else the model that generated the pool (the embedded one wherever it is installed)."""
-    if model is not None:
-        return resolve_model_dir(model)
-    model = pool_meta.get("model", {})
-    return resolve_model_dir(None if model.get("name") == EMBEDDED_MODEL else model.get("path"))
+def initial_model_dir(model: str | None, pool_model: str | None) -> Path:
+    """``--model``, else the model that generated the pool: ``pool_model`` is its folder, None for the
+    embedded model wherever it is installed (`PoolModel.location`)."""
+    return resolve_model_dir(model if model is not None else pool_model)

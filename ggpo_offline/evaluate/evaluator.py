@@ -1,9 +1,8 @@
 """Evaluation (SPEC "Evaluation", paper Appendix C.1): mean@n and pass@k per benchmark and for the suite."""
 
 import json
-import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,7 +16,8 @@ from ggpo_offline.core.model_io import (
     tokenizer_sha256,
     weights_sha256,
 )
-from ggpo_offline.evaluate.defaults import DEFAULT_DATASETS, DEFAULT_KS
+from ggpo_offline.evaluate.config import DEFAULT_ARITH_PROBLEMS, EvalConfig
+from ggpo_offline.evaluate.scores import aggregate, reported_ks
 from ggpo_offline.generate.datasets import load_dataset
 from ggpo_offline.generate.engines import Engine, SamplingSettings, load_engine
 from ggpo_offline.generate.problems import Problem
@@ -26,75 +26,17 @@ from ggpo_offline.generate.rewards import RewardScorer
 from ggpo_offline.generate.rollout import (
     RolloutTotals,
     encode_prompts,
-    engine_checks,
     prompt_token_limit,
     raise_first_failure,
     reward_description,
     sample_and_score,
     sampling_checks,
 )
-from ggpo_offline.pool.source import read_pool_metadata
+from ggpo_offline.pool.info import read_pool_info
 
-DEFAULT_ARITH_PROBLEMS = 500
 DATASET_SEED = 0
 """Seed of the arith draw: fixed, so that every sampling seed is evaluated on the same problems."""
 POOL_SETTINGS = ("temperature", "top_p", "top_k", "max_tokens")
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Everything ``ggpo eval`` needs. Sampling fields and ``template`` left at None take the value of
-    ``pool`` when one is given, else the default (temperature 1.0, top-p 1.0, no top-k, 128 tokens,
-    template auto); ``resolve_sampling`` applies that rule."""
-
-    model: str | None = None
-    """Local Hugging Face model folder; None = the tiny model shipped with the package."""
-    datasets: tuple[str, ...] = DEFAULT_DATASETS
-    """One benchmark per spec: ``arith[:train|test]``, a .jsonl/.json/.parquet file or ``hf:NAME[:SPLIT]``."""
-    problem_key: str | None = None
-    """Problem column of every dataset [default: problem, question or prompt] (as ``generate-pool``)."""
-    answer_key: str | None = None
-    """Gold answer column of every dataset [default: answer]."""
-    solution_key: str | None = None
-    """Solution column whose last \\boxed{} is the gold, for datasets without an answer column."""
-    num_problems: int | None = None
-    """Problems per benchmark (files: the first N rows; arith: N drawn problems, default 500). None = all."""
-    n: int = 32
-    """Responses sampled per problem (the ``n`` of mean@n and pass@k)."""
-    ks: tuple[int, ...] = DEFAULT_KS
-    """The k of each pass@k; those above ``n`` are not reported."""
-    pool: Path | None = None
-    """A pool whose sampling settings (temperature, top-p, top-k, max-tokens), prompt template and
-    engine dtype are the defaults, so a model is evaluated as the pool was sampled."""
-    temperature: float | None = None
-    """Sampling temperature; None = the pool's, else 1.0."""
-    top_p: float | None = None
-    """Nucleus threshold; None = the pool's, else 1.0 (off)."""
-    top_k: int | None = None
-    """Top-k; None = the pool's, else 0 (off)."""
-    max_tokens: int | None = None
-    """Response length limit; None = the pool's, else 128."""
-    seed: int = 0
-    """Global sampling seed; each problem samples from a seed derived from it and its prompt_id."""
-    template: Template | None = None
-    """Prompt format (auto, chat or plain); None = the pool's, else auto."""
-    engine: str = "vllm"
-    """Generation engine: vllm or hf."""
-    dtype: str | None = None
-    """Engine weight dtype: auto (engine's choice), float32, bfloat16 or float16; None = the pool's
-    (the dtype its responses were sampled in), else auto."""
-    reward_workers: int = 2
-    """Worker processes for math-verify (0 = in-process)."""
-    reward_timeout_s: float = 5.0
-    """Time limit of one response's scoring; past it the response scores 0."""
-    batch_prompts: int = 256
-    """Problems per engine call."""
-    gpu_memory_fraction: float | None = None
-    """vLLM's share of the GPU when it shares it with a learner; None = vLLM's default (0.9)."""
-    out: Path | None = None
-    """Where to write the JSON report; None = return it only."""
-    overwrite: bool = False
-    """Replace an existing ``out`` file."""
 
 
 @dataclass
@@ -116,48 +58,6 @@ class _Benchmark:
     skipped_long_prompts: int
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one problem with ``c`` correct among ``n`` samples (Chen et al. 2021, Eq. 1):
-    ``1 − C(n−c, k)/C(n, k)``, computed as ``1 − ∏_{i=n−c+1}^{n} (1 − k/i)``; 1 when ``k > n−c``.
-    ``pass_at_k(n, c, 1) = c/n``."""
-    if not (n >= 1 and 0 <= c <= n and 1 <= k <= n):
-        raise ValueError(f"need n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
-    if k > n - c:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
-
-
-def reported_ks(ks: Sequence[int], n: int) -> list[int]:
-    """The pass@k values reported for ``n`` samples: the distinct ``k <= n``, ascending."""
-    return sorted({k for k in ks if k <= n})
-
-
-def aggregate(counts: dict[str, dict[str, int]], n: int, ks: Sequence[int]) -> dict:
-    """Benchmark and suite scores from per-problem correct counts ``{benchmark: {prompt_id: c}}``.
-
-    A benchmark averages over its problems; the suite averages over the problems of all benchmarks
-    together (problem-weighted: each problem counts once, so it is not the mean of benchmark means).
-    Returns ``{"benchmarks": {name: scores + {"counts"}}, "suite": scores}``, where scores are
-    ``num_problems``, ``mean@n`` and ``pass@k`` for each reported k.
-    """
-    ks = reported_ks(ks, n)
-    benchmarks = {
-        name: {**_scores(list(by_problem.values()), n, ks), "counts": dict(by_problem)}
-        for name, by_problem in counts.items()
-    }
-    suite = _scores([c for by_problem in counts.values() for c in by_problem.values()], n, ks)
-    return {"benchmarks": benchmarks, "suite": suite}
-
-
-def _scores(correct: list[int], n: int, ks: list[int]) -> dict:
-    if not correct:
-        raise ValueError("cannot score a benchmark without problems")
-    scores = {"num_problems": len(correct), "mean@n": math.fsum(correct) / (n * len(correct))}
-    for k in ks:
-        scores[f"pass@{k}"] = math.fsum(pass_at_k(n, c, k) for c in correct) / len(correct)
-    return scores
-
-
 def resolve_sampling(config: EvalConfig) -> tuple[SamplingSettings, Template, str]:
     """The sampling settings (``m = n``), template and engine dtype used: each field given in ``config``
     wins, then the pool's value when ``config.pool`` is set, then the default."""
@@ -174,20 +74,18 @@ def resolve_sampling(config: EvalConfig) -> tuple[SamplingSettings, Template, st
 def _pool_settings(pool: Path) -> dict:
     if not pool.exists():
         raise UserError(f"{pool}: no such pool file or directory")
-    meta = read_pool_metadata(pool)
-    sampling = meta.get("sampling", {})
-    template = meta.get("prompt_template", {}).get("kind")
-    missing = [f"sampling.{name}" for name in POOL_SETTINGS if name not in sampling]
-    if template is None:
-        missing.append("prompt_template.kind")
-    if "dtype" not in meta:
-        missing.append("dtype")
+    info = read_pool_info(pool)
+    settings = {name: getattr(info.sampling, name) for name in POOL_SETTINGS}
+    settings |= {"template": info.template_kind, "dtype": info.dtype}
+    names = {"template": "prompt_template.kind", "dtype": "dtype"}
+    missing = [names.get(name, f"sampling.{name}") for name, value in settings.items() if value is None]
     if missing:
         raise UserError(f"{pool}: the pool metadata has no {', '.join(missing)}")
-    return {name: sampling[name] for name in POOL_SETTINGS} | {"template": template, "dtype": meta["dtype"]}
+    return settings
 
 
-def _validate(config: EvalConfig, sampling: SamplingSettings, template: str, dtype: str) -> None:
+def _validate(config: EvalConfig, sampling: SamplingSettings) -> None:
+    """Ranges of the settings (choices are checked when the EvalConfig is built)."""
     bad_ks = [k for k in config.ks if k < 1]
     raise_first_failure(
         sampling_checks(sampling, "-n")
@@ -196,9 +94,9 @@ def _validate(config: EvalConfig, sampling: SamplingSettings, template: str, dty
             (len(config.datasets) > 0, "give at least one --dataset"),
             (len(set(config.datasets)) == len(config.datasets), "a --dataset is given twice"),
             (config.num_problems is None or config.num_problems >= 1, "--num-problems must be >= 1"),
-            (config.batch_prompts >= 1, "batch_prompts must be >= 1"),
+            (config.batch_prompts >= 1, "--batch-prompts must be >= 1"),
+            (config.reward_workers >= 0, "--reward-workers must be >= 0"),
         ]
-        + engine_checks(config.engine, dtype, template, config.reward_workers)
     )
 
 
@@ -216,7 +114,7 @@ class Evaluator:
         use and closed by ``close``."""
         self.config = config
         self.sampling, self.template_choice, self.dtype = resolve_sampling(config)
-        _validate(config, self.sampling, self.template_choice, self.dtype)
+        _validate(config, self.sampling)
         self.datasets = [load_dataset(spec, **_dataset_kwargs(config, spec)) for spec in config.datasets]
         self.names = _benchmark_names([meta for _, meta in self.datasets])
         self._engine = engine

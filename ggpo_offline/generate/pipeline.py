@@ -2,7 +2,7 @@
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -17,65 +17,23 @@ from ggpo_offline.core.model_io import (
     tokenizer_sha256,
     weights_sha256,
 )
+from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig, validate_generate_config
 from ggpo_offline.generate.datasets import load_dataset
-from ggpo_offline.generate.engines import Engine, SamplingSettings, load_engine
-from ggpo_offline.generate.prompts import Template, resolve_template, template_description
+from ggpo_offline.generate.engines import Engine, load_engine
+from ggpo_offline.generate.problems import Problem
+from ggpo_offline.generate.prompts import resolve_template, template_description
 from ggpo_offline.generate.rewards import RewardScorer
 from ggpo_offline.generate.rollout import (
     RolloutTotals,
     ScoredBatch,
     encode_prompts,
-    engine_checks,
     prompt_token_limit,
-    raise_first_failure,
     reward_description,
     sample_and_score,
-    sampling_checks,
 )
 from ggpo_offline.pool.partial import PartialRun
 from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter, check_output_path
-
-DEFAULT_POOL = Path("pools/base.parquet")
-# 500 prompts x 8 responses: the tiny preset uses 160 groups per seed, and `make demo` must fit in 12 min.
-DEFAULT_ARITH_PROMPTS = 500
-
-
-@dataclass(frozen=True)
-class GenerateConfig:
-    """Everything ``ggpo generate-pool`` needs; the defaults give the embedded default pool."""
-
-    model: str | None = None
-    """Local Hugging Face model folder; None = the tiny model shipped with the package."""
-    dataset: str = "arith:train"
-    """``arith[:train|test]``, a .jsonl/.json/.parquet file, or ``hf:NAME[:SPLIT]``."""
-    problem_key: str | None = None
-    answer_key: str | None = None
-    solution_key: str | None = None
-    num_prompts: int | None = None
-    """How many prompts (files: the first N rows; arith: N drawn problems, default 500). None = all."""
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    engine: str = "vllm"
-    dtype: str = "auto"
-    """Engine weight dtype: auto (engine's choice), float32, bfloat16 or float16."""
-    template: Template = "auto"
-    """Prompt format: the tokenizer's chat template with the paper's prompts, or the plain template."""
-    mixed_only: bool = False
-    """Keep only groups with 0 < sum(r) < m (the paper's offline pool); default keeps all groups."""
-    out: Path = DEFAULT_POOL
-    overwrite: bool = False
-    reward_workers: int = 2
-    reward_timeout_s: float = 5.0
-    batch_prompts: int = 256
-    """Prompts per engine call; each finished batch becomes one durable part and one Parquet row group."""
-    shard_index: int = 0
-    """Which shard of the prompts to generate: dataset positions ``shard_index + k * num_shards``."""
-    num_shards: int = 1
-    """Into how many shards the prompts are cut (one job each); 1 = the whole dataset, no shard metadata."""
-    tensor_parallel_size: int = 1
-    """vLLM tensor parallelism (GPUs per engine)."""
-    data_parallel_size: int = 1
-    """vLLM data parallelism (engine replicas), passed to ``vllm.LLM`` as given."""
 
 
 @dataclass
@@ -91,29 +49,6 @@ class Progress(RolloutTotals):
     mixed_groups: int = 0
     tokens: int = 0
     truncated: int = 0
-
-
-def _validate_settings(config: GenerateConfig) -> None:
-    raise_first_failure(
-        sampling_checks(config.sampling, "--samples-per-prompt")
-        + [(config.num_prompts is None or config.num_prompts >= 1, "--num-prompts must be >= 1")]
-        + engine_checks(config.engine, config.dtype, config.template, config.reward_workers)
-        + [
-            (config.batch_prompts >= 1, "--batch-prompts must be >= 1"),
-            (config.num_shards >= 1, f"--num-shards must be >= 1, got {config.num_shards}"),
-            (
-                0 <= config.shard_index < config.num_shards,
-                f"--shard-index must be in 0..{config.num_shards - 1}, got {config.shard_index}",
-            ),
-            (config.tensor_parallel_size >= 1, "--tensor-parallel-size must be >= 1"),
-            (config.data_parallel_size >= 1, "--data-parallel-size must be >= 1"),
-            (
-                config.engine != "hf" or (config.tensor_parallel_size, config.data_parallel_size) == (1, 1),
-                "--tensor-parallel-size and --data-parallel-size need --engine vllm (the hf engine runs on "
-                "one device); use --shard-index/--num-shards to spread hf generation over jobs",
-            ),
-        ]
-    )
 
 
 def _dataset_kwargs(config: GenerateConfig) -> dict:
@@ -190,110 +125,157 @@ def generate_pool(
     refused). ``engine`` reuses an already started engine for the same model (it is left running); by
     default the engine named in ``config`` is started here and closed at the end.
     """
-    _validate_settings(config)
+    validate_generate_config(config)
     out = Path(config.out)
     check_output_path(out, config.overwrite)  # before any slow work
-    kwargs = _dataset_kwargs(config)
-    problems, dataset_meta = load_dataset(config.dataset, **kwargs)
+    problems, dataset_meta = load_dataset(config.dataset, **_dataset_kwargs(config))
     model_dir = resolve_model_dir(config.model)
     tokenizer = load_tokenizer(model_dir)
     template = resolve_template(tokenizer, config.template)
-    sampling = config.sampling
+    prompts = _shard_prompts(config, problems, tokenizer, template, model_dir)
 
-    prompts, prompt_ids = encode_prompts(tokenizer, problems, template)
-    prompt_limit = prompt_token_limit(model_dir, sampling.max_tokens)
-    fits = [i for i, ids in enumerate(prompt_ids) if len(ids) <= prompt_limit]
+    identity = {"weights_sha256": weights_sha256(model_dir), "tokenizer_sha256": tokenizer_sha256(tokenizer)}
+    partial = PartialRun(out, _run_settings(config, identity, dataset_meta, template), config.overwrite)
+    progress = _resumed_progress(partial, len(prompts.keep))
+
+    owns_engine = engine is None
+    if owns_engine:
+        engine = _start_engine(config, model_dir, prompts.max_model_len)
+    try:
+        _sample_and_store(config, engine, tokenizer, prompts, partial, progress, on_batch)
+        skipped_long = prompts.skipped_long
+        metadata = _metadata(
+            config, model_dir, identity, tokenizer, engine, template, dataset_meta, progress, skipped_long
+        )
+        _add_run_totals(metadata, config, partial, dataset_prompts=len(problems))
+        return _write_pool(out, config.overwrite, partial, metadata)
+    finally:
+        if owns_engine:
+            engine.close()
+
+
+@dataclass(frozen=True)
+class _Prompts:
+    """The dataset's problems encoded as prompts, and which of them this shard samples."""
+
+    problems: list[Problem]
+    texts: list[str]
+    token_ids: list[list[int]]
+    keep: list[int]
+    """Dataset positions of this shard's prompts that fit the model, in order."""
+    skipped_long: int
+    """This shard's prompts left out as too long."""
+    max_model_len: int
+    """The longest fitting prompt over all shards plus --max-tokens, so that every shard starts the same
+    engine."""
+
+
+def _shard_prompts(
+    config: GenerateConfig, problems: list[Problem], tokenizer, template: str, model_dir: Path
+) -> _Prompts:
+    """Encode every problem; keep this shard's prompts within the model's prompt limit (refused when none)."""
+    texts, token_ids = encode_prompts(tokenizer, problems, template)
+    prompt_limit = prompt_token_limit(model_dir, config.sampling.max_tokens)
+    fits = [i for i, ids in enumerate(token_ids) if len(ids) <= prompt_limit]
     if not fits:
         raise UserError(f"every prompt is longer than {prompt_limit} tokens (model limit minus --max-tokens)")
-    # Over all shards, so that every shard starts the same engine.
-    max_model_len = max(len(prompt_ids[i]) for i in fits) + sampling.max_tokens
+    max_model_len = max(len(token_ids[i]) for i in fits) + config.sampling.max_tokens
     in_shard = range(config.shard_index, len(problems), config.num_shards)
     keep = [i for i in fits if i % config.num_shards == config.shard_index]
-    skipped_long = len(in_shard) - len(keep)
     if not keep:
         raise UserError(
             f"shard {config.shard_index} of {config.num_shards} has no prompt that fits "
             f"({len(problems)} prompts, {len(fits)} within {prompt_limit} tokens)"
         )
+    return _Prompts(problems, texts, token_ids, keep, len(in_shard) - len(keep), max_model_len)
 
-    identity = {"weights_sha256": weights_sha256(model_dir), "tokenizer_sha256": tokenizer_sha256(tokenizer)}
-    partial = PartialRun(out, _run_settings(config, identity, dataset_meta, template), config.overwrite)
-    progress = _resumed_progress(partial, len(keep))
-    remaining = keep[progress.prompts_done :]
 
-    owns_engine = engine is None
-    if owns_engine:
-        engine = load_engine(
-            config.engine,
-            model_dir,
-            config.dtype,
-            max_model_len,
-            sampling.seed,
-            tensor_parallel_size=config.tensor_parallel_size,
-            data_parallel_size=config.data_parallel_size,
-        )
-    try:
-        with RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer:
-            batch_started = time.monotonic()
-            for batch in sample_and_score(
-                engine,
-                tokenizer,
-                scorer,
-                [problems[i] for i in remaining],
-                [prompt_ids[i] for i in remaining],
-                sampling,
-                config.batch_prompts,
-            ):
-                chunk = remaining[batch.start : batch.start + len(batch.problems)]
-                before = _counters(progress)
-                rows = _rows(
-                    batch,
-                    chunk,
-                    [prompts[i] for i in chunk],
-                    [prompt_ids[i] for i in chunk],
-                    sampling.m,
-                    config.mixed_only,
-                    progress,
-                )
-                progress.prompts_done += len(batch.problems)
-                now = time.monotonic()
-                counters = {key: value - before[key] for key, value in _counters(progress).items()}
-                counters |= {
-                    "timeouts": sum(r.status == "timeout" for r in batch.results),
-                    "errors": sum(r.status == "error" for r in batch.results),
-                    "seconds": now - batch_started,
-                }
-                batch_started = now
-                partial.add_part(pa.Table.from_pylist(rows, schema=POOL_SCHEMA), counters)
-                if on_batch is not None:
-                    on_batch(progress)
-        if progress.responses == 0:
-            partial.remove()  # a complete run, nothing to resume
-            raise UserError(
-                "no group was kept (--mixed-only and no prompt had a mixed group); nothing written"
+def _start_engine(config: GenerateConfig, model_dir: Path, max_model_len: int) -> Engine:
+    return load_engine(
+        config.engine,
+        model_dir,
+        config.dtype,
+        max_model_len,
+        config.sampling.seed,
+        tensor_parallel_size=config.tensor_parallel_size,
+        data_parallel_size=config.data_parallel_size,
+    )
+
+
+def _sample_and_store(
+    config: GenerateConfig,
+    engine: Engine,
+    tokenizer,
+    prompts: _Prompts,
+    partial: PartialRun,
+    progress: Progress,
+    on_batch: Callable[[Progress], None] | None,
+) -> None:
+    """Sample and score the prompts no earlier run stored, storing each finished batch as a part of
+    ``partial`` with the counters it adds; refused when no group was kept at all."""
+    remaining = prompts.keep[progress.prompts_done :]
+    with RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer:
+        batch_started = time.monotonic()
+        for batch in sample_and_score(
+            engine,
+            tokenizer,
+            scorer,
+            [prompts.problems[i] for i in remaining],
+            [prompts.token_ids[i] for i in remaining],
+            config.sampling,
+            config.batch_prompts,
+        ):
+            chunk = remaining[batch.start : batch.start + len(batch.problems)]
+            before = _counters(progress)
+            rows = _rows(
+                batch,
+                chunk,
+                [prompts.texts[i] for i in chunk],
+                [prompts.token_ids[i] for i in chunk],
+                config.sampling.m,
+                config.mixed_only,
+                progress,
             )
-        metadata = _metadata(
-            config, model_dir, identity, tokenizer, engine, template, dataset_meta, progress, skipped_long
-        )
-        metadata["reward"].update(
-            timeouts=int(partial.total("timeouts")), errors=int(partial.total("errors"))
-        )
-        metadata["generation_seconds"] = round(partial.total("seconds"), 2)
-        if config.num_shards > 1:
-            metadata["shard"] = {
-                "index": config.shard_index,
-                "count": config.num_shards,
-                "dataset_prompts": len(problems),
+            progress.prompts_done += len(batch.problems)
+            now = time.monotonic()
+            counters = {key: value - before[key] for key, value in _counters(progress).items()}
+            counters |= {
+                "timeouts": sum(r.status == "timeout" for r in batch.results),
+                "errors": sum(r.status == "error" for r in batch.results),
+                "seconds": now - batch_started,
             }
-        with PoolWriter(out, config.overwrite) as writer:
-            for table in partial.tables():
-                writer.write_table(table)
-            path = writer.close(metadata)
-        partial.remove()  # only now: the pool holding the parts is in place
-        return path
-    finally:
-        if owns_engine:
-            engine.close()
+            batch_started = now
+            partial.add_part(pa.Table.from_pylist(rows, schema=POOL_SCHEMA), counters)
+            if on_batch is not None:
+                on_batch(progress)
+    if progress.responses == 0:
+        partial.remove()  # a complete run, nothing to resume
+        raise UserError("no group was kept (--mixed-only and no prompt had a mixed group); nothing written")
+
+
+def _add_run_totals(
+    metadata: dict, config: GenerateConfig, partial: PartialRun, dataset_prompts: int
+) -> None:
+    """Totals known once every part is stored (resumed ones included): reward timeouts and errors, the
+    generation time, and a shard's place in the dataset."""
+    metadata["reward"].update(timeouts=int(partial.total("timeouts")), errors=int(partial.total("errors")))
+    metadata["generation_seconds"] = round(partial.total("seconds"), 2)
+    if config.num_shards > 1:
+        metadata["shard"] = {
+            "index": config.shard_index,
+            "count": config.num_shards,
+            "dataset_prompts": dataset_prompts,
+        }
+
+
+def _write_pool(out: Path, overwrite: bool, partial: PartialRun, metadata: dict) -> Path:
+    """The stored parts as one pool with ``metadata`` in its footer; then the parts are removed."""
+    with PoolWriter(out, overwrite) as writer:
+        for table in partial.tables():
+            writer.write_table(table)
+        path = writer.close(metadata)
+    partial.remove()  # only now: the pool holding the parts is in place
+    return path
 
 
 COUNTERS = ("prompts_done", "groups_kept", "mixed_groups", "responses", "reward_sum", "tokens", "truncated")

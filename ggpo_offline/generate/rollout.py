@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.generate.engines import ENGINES, Engine, Sample, SamplingSettings, prompt_seed
+from ggpo_offline.generate.engines import Engine, Sample, SamplingSettings, prompt_seed
 from ggpo_offline.generate.problems import Problem
 from ggpo_offline.generate.prompts import encode_prompt, format_prompt
 from ggpo_offline.generate.rewards import (
@@ -59,16 +59,6 @@ def sampling_checks(sampling: SamplingSettings, m_flag: str) -> list[tuple[bool,
         (0 < s.top_p <= 1, f"--top-p must be in (0, 1], got {s.top_p}"),
         (s.top_k >= 0, f"--top-k must be >= 0 (0 disables it), got {s.top_k}"),
         (s.max_tokens >= 1, f"--max-tokens must be >= 1, got {s.max_tokens}"),
-    ]
-
-
-def engine_checks(engine: str, dtype: str, template: str, reward_workers: int) -> list[tuple[bool, str]]:
-    """(ok, message) checks of the engine, dtype, prompt template and reward worker count."""
-    return [
-        (reward_workers >= 0, "--reward-workers must be >= 0"),
-        (engine in ENGINES, f"unknown --engine {engine!r}; choose one of {', '.join(ENGINES)}"),
-        (dtype in ("auto", "float32", "bfloat16", "float16"), f"unknown --dtype {dtype!r}"),
-        (template in ("auto", "chat", "plain"), f"unknown --template {template!r}"),
     ]
 
 

@@ -8,8 +8,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ggpo_offline.core.errors import UserError, one_line
+from ggpo_offline.pool.info import PoolInfo, read_pool_info
 from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION, open_parquet
-from ggpo_offline.pool.source import open_pool, read_pool_metadata
+from ggpo_offline.pool.source import open_pool
 
 FINISH_REASONS = ("stop", "length")
 
@@ -27,6 +28,8 @@ class ValidationReport:
     groups: int
     group_size: int
     tokens: int
+    info: PoolInfo
+    """The pool's metadata, which validation checked."""
 
     def summary(self) -> str:
         return (
@@ -40,20 +43,18 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_metadata(path: Path) -> int:
-    """The group size ``m`` declared by the metadata, after checking the fields validation relies on."""
-    meta = read_pool_metadata(path)
-    version = meta.get("schema_version")
+def _check_metadata(path: Path, info: PoolInfo) -> None:
+    """The fields validation and `train` rely on: the schema version, the group size m, the model."""
+    version = info.schema_version
     if not _is_int(version) or version != SCHEMA_VERSION:
         raise PoolInvalid(f"{path}: metadata schema_version is {version!r}, expected {SCHEMA_VERSION}")
-    m = meta.get("sampling", {}).get("m")
+    m = info.sampling.m
     if not _is_int(m) or m < 1:
         raise PoolInvalid(f"{path}: metadata sampling.m is {m!r}, expected a positive integer")
     for key in ("name", "path"):  # `train` finds the pool's model through these
-        value = meta.get("model", {}).get(key)
+        value = getattr(info.model, key)
         if value is not None and not isinstance(value, str):
             raise PoolInvalid(f"{path}: metadata model.{key} is {value!r}, expected a string")
-    return m
 
 
 def _check_schema(path: Path, schema: pa.Schema) -> None:
@@ -180,7 +181,9 @@ def validate_pool(path: Path | str, batch_size: int = 8192) -> ValidationReport:
         return validate_shards(path, batch_size)
     if not path.is_file():
         raise PoolInvalid(f"{path}: no such pool file or directory")
-    m = _check_metadata(path)
+    info = read_pool_info(path)
+    _check_metadata(path, info)
+    m = info.sampling.m
     rows = tokens = 0
     try:
         parquet = open_parquet(path)
@@ -205,7 +208,7 @@ def validate_pool(path: Path | str, batch_size: int = 8192) -> ValidationReport:
     if rows == 0:
         raise PoolInvalid(f"{path}: the pool has no rows")
     groups = tracker.finish(rows)
-    return ValidationReport(path=path, rows=rows, groups=groups, group_size=m, tokens=tokens)
+    return ValidationReport(path=path, rows=rows, groups=groups, group_size=m, tokens=tokens, info=info)
 
 
 def validate_shards(path: Path, batch_size: int = 8192) -> ValidationReport:
@@ -229,4 +232,5 @@ def validate_shards(path: Path, batch_size: int = 8192) -> ValidationReport:
         groups=sum(r.groups for r in reports),
         group_size=reports[0].group_size,
         tokens=sum(r.tokens for r in reports),
+        info=PoolInfo.from_metadata(source.metadata),
     )

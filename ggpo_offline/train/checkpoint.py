@@ -11,7 +11,7 @@ import torch
 
 from ggpo_offline.core.errors import UserError, os_reason
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
-from ggpo_offline.train.run import STATE_FILE
+from ggpo_offline.train.layout import STATE_FILE
 
 # Below this much free space a failed save is reported as a full disk (see _removed_on_failure).
 FULL_DISK_BYTES = 1 << 20

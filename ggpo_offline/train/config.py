@@ -2,33 +2,32 @@
 
 import dataclasses
 import json
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import tomllib
-
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.evaluate.defaults import DEFAULT_DATASETS, DEFAULT_KS
-from ggpo_offline.train.learners import LEARNERS
+from ggpo_offline.core.settings import check_choices, flag_name, load_config_file, normalize, setting
+from ggpo_offline.evaluate.config import DEFAULT_DATASETS, DEFAULT_KS
+from ggpo_offline.generate.engines.base import EngineName
+from ggpo_offline.train.learners import (
+    METHODS,
+    PAPER_REF_REFRESH,
+    Learner,
+    learner,
+    read_by,
+    readers,
+    ref_refresh_help,
+)
+from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
 
 FORWARD_TOKENS = 4096
 """Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at
 most this many positions (a longer row runs alone), each cut to its own longest row, so padding is small."""
 PER_RUN = ("pool", "method", "seed", "out")
 """Settings `ggpo compare` chooses for each of its runs (a user gives the others, shared by all runs)."""
-PAPER_REF_REFRESH = 160
 METHOD_DEFAULT = "method-default"
 """``ref_refresh`` not chosen: resolved on construction to the method's own default (`TrainConfig`)."""
-
-
-def setting(default, help: str, flag: str | None = None):
-    """A TrainConfig field with its help text: the one description that ``ggpo train``'s and ``ggpo
-    compare``'s flags (`cli/config_flags.py`) and this file share. ``flag``: the flag's name when it is
-    not the field's (``--eval-dataset`` for ``eval_datasets``)."""
-    metadata = {"help": help, **({"flag": flag} if flag else {})}
-    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -36,36 +35,44 @@ class TrainConfig:
     """Everything ``ggpo train`` needs. Defaults are SPEC.md's paper defaults (offline setting)."""
 
     pool: Path = setting(Path("pools/base.parquet"), "The pool to replay (a file or a shard directory).")
-    method: str = setting("ggpo", f"Learner: {', '.join(LEARNERS)}.")
+    method: str = setting("ggpo", f"Learner: {', '.join(METHODS)} (README's learner table).")
     model: str | None = setting(None, "Initial policy, a local HF folder [default: the pool's model].")
     seed: int = setting(42, "Seeds the data plan (which groups, in which order) and torch.")
     updates: int = setting(400, "U: optimizer updates; each uses a fresh minibatch, none revisited.")
     groups_per_batch: int = setting(32, "G: groups per minibatch (B = G·m responses).")
     lr: float = setting(1e-6, "AdamW learning rate (constant, no warmup).")
-    beta: float = setting(0.01, "β: KL-regularization strength of GGPO, GGPO-clip and AGRO.")
-    clip: float = setting(0.05, "GGPO-clip's per-token clip c_clip of the learner-to-reference log ratio.")
+    beta: float = setting(0.01, f"β: KL-regularization strength. {read_by('beta')}")
+    clip: float = setting(
+        0.05, f"c_clip: per-token clip of the learner-to-reference log ratio. {read_by('clip')}"
+    )
     ref_refresh: int | None | Literal["method-default"] = setting(
         METHOD_DEFAULT,
-        "T_ref: π_ref ← π_θ every N updates, or 'never' [default: 160 for learners that refresh (ggpo, "
-        "ggpo-clip, agro), never for grpo and grpo-tis; a value given applies to every learner].",
+        f"T_ref: π_ref ← π_θ every N updates, or 'never' {ref_refresh_help()}",
+        none_word="never",
     )
     horizon: int | None = setting(
         None,
-        "H: tokens of future KL credit of proximal-kl, seq-is and is-free, or 'full' for the whole tail "
-        "[default: full] (SPEC-beyond PROVISIONAL).",
+        "H: tokens of future KL credit, or 'full' for the whole tail [default: full] (SPEC-beyond "
+        f"PROVISIONAL). {read_by('horizon')}",
+        none_word="full",
     )
     cost_bound: float = setting(
-        0.05, "ε_F: bound on each token's KL cost in the future credit (SPEC-beyond PROVISIONAL)."
+        0.05,
+        "ε_F: bound on each token's KL cost in the future credit (SPEC-beyond PROVISIONAL). "
+        + read_by("cost_bound"),
     )
-    cispo_low: float = setting(0.0, "CISPO: lower bound c_lo of the detached token weight.")
+    cispo_low: float = setting(0.0, f"c_lo: lower bound of the detached token weight. {read_by('cispo_low')}")
     cispo_high: float = setting(
-        1.28, "CISPO: upper bound c_hi of the detached token weight (SPEC-beyond PROVISIONAL)."
+        1.28,
+        f"c_hi: upper bound of the detached token weight (SPEC-beyond PROVISIONAL). {read_by('cispo_high')}",
     )
-    tis_block: int = setting(8, "GRPO+TIS: π_old is recomputed at the start of every block of N updates.")
-    tis_cap: float = setting(2.0, "GRPO+TIS: cap of the token weight π_old/μ.")
-    clip_eps: float = setting(0.2, "GRPO/GRPO+TIS: PPO clip range ε of the token ratio.")
-    dual_clip: float = setting(10.0, "GRPO/GRPO+TIS: dual-clip bound c for negative advantages.")
-    kl_coef: float = setting(0.01, "GRPO/GRPO+TIS: coefficient of the k3 KL to the reference.")
+    tis_block: int = setting(
+        8, f"π_old is recomputed at the start of every block of N updates. {read_by('tis_block')}"
+    )
+    tis_cap: float = setting(2.0, f"Cap of the token weight π_old/μ. {read_by('tis_cap')}")
+    clip_eps: float = setting(0.2, f"ε: PPO clip range of the token ratio. {read_by('clip_eps')}")
+    dual_clip: float = setting(10.0, f"c: dual-clip bound for negative advantages. {read_by('dual_clip')}")
+    kl_coef: float = setting(0.01, f"Coefficient of the k3 KL to the reference. {read_by('kl_coef')}")
     weight_decay: float = setting(0.01, "AdamW weight decay.")
     adam_beta1: float = setting(0.9, "AdamW β1.")
     adam_beta2: float = setting(0.999, "AdamW β2.")
@@ -109,7 +116,10 @@ class TrainConfig:
         "checkpoint (the pool's sampling settings and dtype) [default: no evaluation].",
     )
     eval_datasets: tuple[str, ...] = setting(
-        DEFAULT_DATASETS, "Evaluation benchmark, as ggpo eval --dataset (repeatable).", flag="eval-dataset"
+        DEFAULT_DATASETS,
+        "Evaluation benchmark, as ggpo eval --dataset (repeatable).",
+        flag="eval-dataset",
+        repeat=True,
     )
     eval_n: int = setting(32, "Responses sampled per evaluation problem (paper: 32).")
     eval_ks: tuple[int, ...] = setting(
@@ -120,7 +130,7 @@ class TrainConfig:
     eval_num_problems: int | None = setting(
         None, "Problems per evaluation benchmark (arith: drawn; files: the first N rows) [default: all]."
     )
-    eval_engine: str = setting("vllm", "Evaluation engine: vllm or hf.")
+    eval_engine: EngineName = setting("vllm", "Evaluation engine: vllm or hf.")
     eval_seed: int = setting(
         0, "Evaluation sampling seed, the same at every update (only the weights change)."
     )
@@ -130,9 +140,15 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.ref_refresh == METHOD_DEFAULT:
-            refreshes = self.method in LEARNERS and LEARNERS[self.method].refreshes_reference
+            refreshes = self.method in METHODS and self.learner.refreshes_reference
             default = PAPER_REF_REFRESH if refreshes else None
             object.__setattr__(self, "ref_refresh", default)
+        check_choices(self)
+
+    @property
+    def learner(self) -> Learner:
+        """The registry's record of ``method`` (`UnknownMethod`, a UserError, for one it does not hold)."""
+        return learner(self.method)
 
     @property
     def run_name(self) -> str:
@@ -145,6 +161,28 @@ class TrainConfig:
     def to_dict(self) -> dict:
         """JSON-ready values (paths as strings, tuples as lists), as stored in config.json."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How ``ggpo train`` runs, beside what it trains (`TrainConfig`)."""
+
+    preset: str | None = setting(None, "paper-offline (SPEC defaults) or tiny (embedded model, ~40 s).")
+    config_file: Path | None = setting(
+        None, "TOML/YAML/JSON file of settings (flags override it).", flag="config"
+    )
+    nproc: int | None = setting(
+        None, "Train in N processes on this machine (torchrun; DDP, or FSDP2 with --fsdp) [default: 1]."
+    )
+    resume: bool = setting(False, "Continue the run in --out from its last checkpoint.")
+    overwrite: bool = setting(False, "Replace an existing run folder.")
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """What ``ggpo pool score`` scores the pool under (the π0 cache every run shares)."""
+
+    model: str | None = setting(None, "Initial policy folder [default: the pool's model].")
 
 
 PRESETS: dict[str, dict] = {
@@ -166,129 +204,55 @@ PRESETS: dict[str, dict] = {
     },
 }
 
-_FIELDS = {f.name: f for f in fields(TrainConfig)}
-_HINTS = typing.get_type_hints(TrainConfig)
-
-
-WORDS = {"ref_refresh": "never", "horizon": "full"}
-"""Counts whose None is spelled as a word in files and flags."""
-
-
-def flag_name(name: str) -> str:
-    """The flag of a TrainConfig field, without dashes: its own name, or the one its metadata gives."""
-    return _FIELDS[name].metadata.get("flag", name.replace("_", "-"))
-
-
-def _normalize(values: dict, where: str) -> dict:
-    """Accept flag-style keys (ref-refresh, eval-dataset) and ``ref_refresh: never``; refuse unknown keys."""
-    by_flag = {flag_name(name).replace("-", "_"): name for name in _FIELDS}
-    normalized = {}
-    for key, value in values.items():
-        name = key.replace("-", "_")
-        name = by_flag.get(name, name)
-        if name not in _FIELDS:
-            raise UserError(f"{where}: unknown setting {key!r}")
-        if name in WORDS and value in (WORDS[name], "none", None):
-            value = None
-        elif name in WORDS and isinstance(value, str):  # a flag's text
-            if not value.strip().isdigit():
-                raise UserError(f"{where}: {name} must be a number or '{WORDS[name]}', got {value!r}")
-            value = int(value)
-        if name in ("pool", "out") and value is not None:
-            value = Path(value)
-        normalized[name] = _coerce(name, value, where)
-    return normalized
-
-
-def _coerce(name: str, value, where: str):
-    """Numbers and switches from files arrive as whatever the format parsed; check them once here."""
-    if typing.get_origin(_HINTS[name]) is tuple:
-        return _coerce_tuple(name, value, where)
-    kinds = [k for k in typing.get_args(_HINTS[name]) or (_HINTS[name],) if k in (int, float, bool)]
-    if value is None or not kinds:
-        return value
-    if isinstance(value, bool) == (bool in kinds) and isinstance(value, tuple(kinds)):
-        return value
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    raise UserError(f"{where}: {name} must be {kinds[0].__name__}, got {value!r}")
-
-
-def _coerce_tuple(name: str, value, where: str) -> tuple:
-    """A list, or one comma-separated string, of the field's element type."""
-    kind = typing.get_args(_HINTS[name])[0]
-    items = [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items:
-        raise UserError(f"{where}: {name} must be a non-empty list, got {value!r}")
-    try:
-        return tuple(kind(item) for item in items)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: {name} must be a list of {kind.__name__}, got {value!r}") from None
-
-
-def load_config_file(path: Path) -> dict:
-    """Settings from a TOML or YAML file (keys as field or flag names)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"--config {path}: no such file")
-    try:
-        if path.suffix == ".toml":
-            values = tomllib.loads(path.read_text())
-        elif path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            values = yaml.safe_load(path.read_text()) or {}
-        elif path.suffix == ".json":
-            values = json.loads(path.read_text())
-        else:
-            raise UserError(f"--config {path}: use a .toml, .yaml or .json file")
-    except (tomllib.TOMLDecodeError, ValueError) as exc:
-        raise UserError(f"--config {path}: cannot parse ({str(exc).splitlines()[0]})") from None
-    if not isinstance(values, dict):
-        raise UserError(f"--config {path}: expected a mapping of settings")
-    return _normalize(values, f"--config {path}")
-
 
 def resolve_config(preset: str | None = None, config_file: Path | None = None, **overrides) -> TrainConfig:
-    """Defaults < preset < config file < flags (``None`` flags are not given).
+    """Defaults < preset < config file < flags (``None`` flags are not given)."""
+    return config_for(preset, given_settings(config_file, overrides))
 
-    A preset's T_ref tunes the refreshing learners: GRPO and GRPO+TIS keep their fixed reference unless the
-    file or a flag sets ``ref_refresh``."""
+
+def given_settings(config_file: Path | None, flags: dict) -> dict:
+    """The settings the user gave: the config file's, overridden by the flags (``None``: not given)."""
+    chosen = load_config_file(TrainConfig, config_file) if config_file is not None else {}
+    chosen.update(normalize(TrainConfig, {k: v for k, v in flags.items() if v is not None}, "flags"))
+    return chosen
+
+
+def config_for(preset: str | None, chosen: dict) -> TrainConfig:
+    """The preset's settings under the user's ``chosen`` ones, validated.
+
+    A learner-specific setting the chosen learner does not read is refused when the user gave it and dropped
+    when the preset did. A preset's T_ref tunes the learners that refresh by default: GRPO and GRPO+TIS keep
+    π0 as their reference unless the user sets ``ref_refresh``."""
     if preset is not None and preset not in PRESETS:
         raise UserError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     values = dict(PRESETS.get(preset or "paper-offline", {}))
-    chosen = load_config_file(config_file) if config_file is not None else {}
-    chosen.update(_normalize({k: v for k, v in overrides.items() if v is not None}, "flags"))
-    method = chosen.get("method", values.get("method", TrainConfig.method))
-    if method not in LEARNERS or not LEARNERS[method].refreshes_reference:
+    method = learner(chosen.get("method", values.get("method", TrainConfig.method)))
+    refuse_unread(chosen, (method,))
+    if not method.refreshes_reference:
         values.pop("ref_refresh", None)
-    config = TrainConfig(**{**values, **chosen})
+    config = TrainConfig(**{**method.keep_read(values), **chosen})
     validate_config(config)
     return config
+
+
+def refuse_unread(chosen: dict, methods: tuple[Learner, ...]) -> None:
+    """Refuse a learner-specific setting in ``chosen`` that none of ``methods`` reads, with one line naming
+    the learners that read it."""
+    for name in chosen:
+        if name in LEARNER_SETTINGS and not any(method.reads(name) for method in methods):
+            raise UserError(
+                f"--{flag_name(TrainConfig, name)} is not read by {', '.join(m.name for m in methods)}; "
+                f"it is read by {', '.join(readers(name))}"
+            )
 
 
 def validate_config(config: TrainConfig) -> None:
     """Check choices and ranges once, with one clear line for the first problem."""
     checks = [
-        (config.method in LEARNERS, f"unknown method {config.method!r}; choose one of {', '.join(LEARNERS)}"),
         (config.updates >= 1, f"--updates must be >= 1, got {config.updates}"),
         (config.groups_per_batch >= 1, f"--groups-per-batch must be >= 1, got {config.groups_per_batch}"),
         (config.lr > 0, f"--lr must be > 0, got {config.lr}"),
-        (config.beta > 0, f"--beta must be > 0, got {config.beta}"),
-        (config.ref_refresh is None or config.ref_refresh >= 1, "--ref-refresh must be >= 1 or 'never'"),
-        (config.tis_block >= 1, f"--tis-block must be >= 1, got {config.tis_block}"),
-        (config.horizon is None or config.horizon >= 0, "--horizon must be >= 0 or 'full'"),
-        (config.cost_bound > 0, f"--cost-bound must be > 0, got {config.cost_bound}"),
-        (
-            0 <= config.cispo_low <= config.cispo_high,
-            f"CISPO needs 0 <= --cispo-low <= --cispo-high, got {config.cispo_low}, {config.cispo_high}",
-        ),
-        (
-            config.ref_refresh is None
-            or config.method not in LEARNERS
-            or "ref_logp" in LEARNERS[config.method].needs,
-            f"--ref-refresh: {config.method} has no reference to refresh",
-        ),
+        *_learner_checks(config),
         (config.log_every >= 1, f"--log-every must be >= 1, got {config.log_every}"),
         (config.ess_block >= 1, f"--ess-block must be >= 1, got {config.ess_block}"),
         (config.save_every is None or config.save_every >= 1, "--save-every must be >= 1"),
@@ -307,3 +271,32 @@ def validate_config(config: TrainConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise UserError(message)
+
+
+def _learner_checks(config: TrainConfig) -> list[tuple[bool, str]]:
+    """The ranges of the learner-specific settings the method reads (one it does not read is never used);
+    β's range differs by learner (the registry's bounds)."""
+    method = config.learner  # an unknown method is the first problem reported
+    ranges = {
+        "ref_refresh": (
+            config.ref_refresh is None or config.ref_refresh >= 1,
+            "--ref-refresh must be >= 1 or 'never'",
+        ),
+        "tis_block": (config.tis_block >= 1, f"--tis-block must be >= 1, got {config.tis_block}"),
+        "horizon": (config.horizon is None or config.horizon >= 0, "--horizon must be >= 0 or 'full'"),
+        "cost_bound": (config.cost_bound > 0, f"--cost-bound must be > 0, got {config.cost_bound}"),
+        "cispo_low": (
+            0 <= config.cispo_low <= config.cispo_high,
+            f"CISPO needs 0 <= --cispo-low <= --cispo-high, got {config.cispo_low}, {config.cispo_high}",
+        ),
+    }
+    for name, bound in method.bounds.items():
+        value = getattr(config, name)
+        flag = flag_name(TrainConfig, name)
+        ranges[name] = (bound.admits(value), f"--{flag} must be {bound} for {method.name}, got {value}")
+    # A config built directly (not by resolve_config) may still ask a learner without π_ref to refresh one.
+    no_reference = (
+        config.ref_refresh is None or method.reads("ref_refresh"),
+        f"--ref-refresh: {method.name} has no reference to refresh",
+    )
+    return [check for name, check in ranges.items() if method.reads(name)] + [no_reference]

@@ -4,7 +4,8 @@ reports go and how its scores are named."""
 from collections.abc import Callable
 from pathlib import Path
 
-from ggpo_offline.evaluate.evaluator import EvalConfig, Evaluator, write_json
+from ggpo_offline.evaluate.config import EvalConfig
+from ggpo_offline.evaluate.evaluator import Evaluator, write_json
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
 from ggpo_offline.train.run import RunFolder

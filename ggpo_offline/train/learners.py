@@ -1,7 +1,40 @@
 """The learner registry: each method as an explicit record that the trainer, CLI, compare and report read."""
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from ggpo_offline.core.errors import UserError
+
+PAPER_REF_REFRESH = 160
+"""T_ref of the learners that refresh π_ref by default (SPEC.md's paper default)."""
+SCHEDULES = {"ref_logp": "ref_refresh", "old_logp": "tis_block"}
+"""The setting that schedules each reference a loss may take: T_ref refreshes π_ref, a TIS block recomputes
+π_old (μ, ``behavior_logp``, is the pool's and never changes)."""
+SYMBOLS = {"behavior_logp": "μ", "old_logp": "π_old", "ref_logp": "π_ref"}
+
+
+class UnknownMethod(UserError, ValueError):
+    """A --method the registry does not hold: one line for the user, a ValueError to library callers."""
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """A hyperparameter's valid range where it differs by learner: ``> low`` (strict) or ``>= low``."""
+
+    low: float
+    strict: bool
+
+    def admits(self, value: float) -> bool:
+        return value > self.low if self.strict else value >= self.low
+
+    def __str__(self) -> str:
+        return f"{'>' if self.strict else '>='} {self.low:g}"
+
+
+POSITIVE = LowerBound(0.0, strict=True)
+NON_NEGATIVE = LowerBound(0.0, strict=False)
 
 
 @dataclass(frozen=True)
@@ -12,23 +45,41 @@ class Learner:
     """The --method value."""
     label: str
     """How tables and figures name it."""
+    summary: str
+    """What its update does, in one line."""
     loss_name: str
     """Its loss: the pure function of that name in `ggpo_offline.train.losses` (looked up when used, so that
     reading the registry, e.g. for ``ggpo --help``, does not import torch)."""
     needs: tuple[str, ...]
     """The constant log-probs its loss takes (behavior_logp: μ as stored; old_logp: π_old of a TIS block;
-    ref_logp: π_ref); the trainer prepares only these."""
+    ref_logp: π_ref); the trainer prepares only these, and each one's schedule (`SCHEDULES`) is a setting it
+    reads."""
     hyperparameters: tuple[str, ...]
     """Its loss's keyword settings, each a TrainConfig field of the same name (checked by a test)."""
     refreshes_reference: bool
-    """True: π_ref ← π_θ every T_ref updates by default (160); False: the initial model stays π_ref unless
-    a T_ref is given explicitly."""
+    """True: π_ref ← π_θ every T_ref updates by default (160, or the preset's); False: the initial model stays
+    π_ref unless a T_ref is given explicitly."""
     formula: str
     """Where its update is defined (SPEC.md / the paper)."""
     style: dict
     """matplotlib line style of its curves."""
     fixed: dict = field(default_factory=dict)
     """Loss keywords this method fixes (PG: Proximal KL with β = 0), not taken from the config."""
+    bounds: dict[str, LowerBound] = field(default_factory=dict)
+    """The valid range of each hyperparameter whose range differs by learner (β > 0 where the loss divides
+    by β, β ≥ 0 where β = 0 is PG)."""
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The TrainConfig fields it reads: its hyperparameters and each needed reference's schedule."""
+        return self.hyperparameters + tuple(SCHEDULES[need] for need in self.needs if need in SCHEDULES)
+
+    def reads(self, setting: str) -> bool:
+        return setting in self.settings
+
+    def keep_read(self, values: dict) -> dict:
+        """``values`` without the learner-specific settings this learner does not read."""
+        return {name: value for name, value in values.items() if name not in SETTINGS or self.reads(name)}
 
     def loss_kwargs(self, config) -> dict:
         """The keywords its loss takes besides the tensors: its hyperparameters from ``config`` (a
@@ -43,80 +94,95 @@ class Learner:
 
 
 # Colours: the paper's Figure 4 (GRPO orange, GRPO+TIS purple dashed, AGRO green, GGPO blue).
+# Bounds: GGPO, GGPO-clip, AGRO and GGPO reward-only divide by β; the Proximal KL family is PG at β = 0.
 REGISTRY: tuple[Learner, ...] = (
     Learner(
-        name="ggpo", label="GGPO", loss_name="ggpo_loss",
-        needs=("ref_logp",), hyperparameters=("beta",), refreshes_reference=True,
+        name="ggpo", label="GGPO", summary="group log-mean-exp of KL-adjusted rewards",
+        loss_name="ggpo_loss",
+        needs=("ref_logp",), hyperparameters=("beta",), bounds={"beta": POSITIVE}, refreshes_reference=True,
         formula="SPEC.md GGPO; paper Eq. 6, 11, Algorithm 1",
         style={"color": "#1f77b4", "linestyle": "-"},
     ),
     Learner(
-        name="ggpo-clip", label="GGPO-clip", loss_name="ggpo_clip_loss",
-        needs=("ref_logp",), hyperparameters=("beta", "clip"), refreshes_reference=True,
+        name="ggpo-clip", label="GGPO-clip", summary="GGPO with token-clipped coefficients",
+        loss_name="ggpo_clip_loss",
+        needs=("ref_logp",), hyperparameters=("beta", "clip"), bounds={"beta": POSITIVE},
+        refreshes_reference=True,
         formula="SPEC.md GGPO-clip; paper Eq. 12, 63–65",
         style={"color": "#d62728", "linestyle": "-."},
     ),
     Learner(
-        name="agro", label="AGRO", loss_name="agro_loss",
-        needs=("ref_logp",), hyperparameters=("beta",), refreshes_reference=True,
+        name="agro", label="AGRO", summary="leave-one-out KL-adjusted advantage",
+        loss_name="agro_loss",
+        needs=("ref_logp",), hyperparameters=("beta",), bounds={"beta": POSITIVE}, refreshes_reference=True,
         formula="SPEC.md AGRO; paper Appendix C.2, Eq. 62",
         style={"color": "#2ca02c", "linestyle": "-"},
     ),
     Learner(
-        name="grpo", label="GRPO", loss_name="grpo_loss",
+        name="grpo", label="GRPO", summary="PPO dual-clip on π_θ/μ + k3 KL to π_ref",
+        loss_name="grpo_loss",
         needs=("behavior_logp", "ref_logp"), hyperparameters=("clip_eps", "dual_clip", "kl_coef"),
         refreshes_reference=False,
         formula="SPEC.md GRPO; paper Appendix C.2",
         style={"color": "#ff7f0e", "linestyle": "-"},
     ),
     Learner(
-        name="grpo-tis", label="GRPO+TIS", loss_name="grpo_tis_loss",
+        name="grpo-tis", label="GRPO+TIS", summary="PPO against π_old × capped π_old/μ",
+        loss_name="grpo_tis_loss",
         needs=("old_logp", "behavior_logp", "ref_logp"),
         hyperparameters=("tis_cap", "clip_eps", "dual_clip", "kl_coef"), refreshes_reference=False,
         formula="SPEC.md GRPO+TIS; paper Appendix C.2, Eq. 61",
         style={"color": "#9467bd", "linestyle": "--"},
     ),
     Learner(
-        name="proximal-kl", label="Proximal KL", loss_name="proximal_kl_loss",
+        name="proximal-kl", label="Proximal KL",
+        summary="κ = w·(Â − C): token IS + windowed future KL credit",
+        loss_name="proximal_kl_loss",
         needs=("behavior_logp", "ref_logp"), hyperparameters=("beta", "horizon", "cost_bound"),
-        refreshes_reference=True,
+        bounds={"beta": NON_NEGATIVE}, refreshes_reference=True,
         formula="SPEC-beyond §1; PKL paper Sec. 4, Eq. 5–7",
         style={"color": "#8c564b", "linestyle": "-"},
     ),
     Learner(
-        name="pg", label="PG", loss_name="proximal_kl_loss",
+        name="pg", label="PG", summary="Proximal KL with β = 0: κ = w·Â",
+        loss_name="proximal_kl_loss",
         needs=("behavior_logp",), hyperparameters=(), fixed={"beta": 0.0}, refreshes_reference=False,
         formula="SPEC-beyond §1 with β = 0 (κ = w·Â)",
         style={"color": "#7f7f7f", "linestyle": "--"},
     ),
     Learner(
-        name="cispo", label="CISPO", loss_name="cispo_loss",
+        name="cispo", label="CISPO", summary="κ = clip(w, c_lo, c_hi)·Â",
+        loss_name="cispo_loss",
         needs=("behavior_logp",), hyperparameters=("cispo_low", "cispo_high"), refreshes_reference=False,
         formula="SPEC-beyond §2; MiniMax-M1 Eq. 4–5",
         style={"color": "#e377c2", "linestyle": "-"},
     ),
     Learner(
-        name="seq-is", label="seq-IS", loss_name="seq_is_loss",
+        name="seq-is", label="seq-IS", summary="Proximal KL with the geometric-mean sequence weight",
+        loss_name="seq_is_loss",
         needs=("behavior_logp", "ref_logp"), hyperparameters=("beta", "horizon", "cost_bound"),
-        refreshes_reference=True,
+        bounds={"beta": NON_NEGATIVE}, refreshes_reference=True,
         formula="SPEC-beyond §3; PKL paper Eq. 11 (GSPO-token)",
         style={"color": "#bcbd22", "linestyle": "-."},
     ),
     Learner(
-        name="is-free", label="IS-free", loss_name="is_free_loss",
+        name="is-free", label="IS-free", summary="κ = Â − C, no importance weight",
+        loss_name="is_free_loss",
         needs=("ref_logp",), hyperparameters=("beta", "horizon", "cost_bound"),
-        refreshes_reference=True,
+        bounds={"beta": NON_NEGATIVE}, refreshes_reference=True,
         formula="SPEC-beyond §4; PKL paper Eq. 12",
         style={"color": "#17becf", "linestyle": "-."},
     ),
     Learner(
-        name="ggpo-reward-only", label="GGPO reward-only", loss_name="ggpo_reward_only_loss",
-        needs=(), hyperparameters=("beta",), refreshes_reference=False,
+        name="ggpo-reward-only", label="GGPO reward-only",
+        summary="GGPO coefficients from softmax(r/β) alone", loss_name="ggpo_reward_only_loss",
+        needs=(), hyperparameters=("beta",), bounds={"beta": POSITIVE}, refreshes_reference=False,
         formula="SPEC-beyond §5; GGPO paper App. D.6",
         style={"color": "#1f77b4", "linestyle": ":"},
     ),
     Learner(
-        name="rft", label="RFT", loss_name="rft_loss",
+        name="rft", label="RFT", summary="NLL of the minibatch's correct responses",
+        loss_name="rft_loss",
         needs=(), hyperparameters=(), refreshes_reference=False,
         formula="rejection-sampling fine-tuning: NLL of the correct responses (this toolkit's control)",
         style={"color": "#000000", "linestyle": ":"},
@@ -124,10 +190,107 @@ REGISTRY: tuple[Learner, ...] = (
 )  # fmt: skip
 LEARNERS: dict[str, Learner] = {learner.name: learner for learner in REGISTRY}
 METHODS: tuple[str, ...] = tuple(LEARNERS)
+SETTINGS: tuple[str, ...] = tuple(dict.fromkeys(name for learner in REGISTRY for name in learner.settings))
+"""The learner-specific settings: every learner's hyperparameters and reference schedules. A learner
+refuses those it does not read (`ggpo_offline.train.config`)."""
 
 
 def learner(method: str) -> Learner:
-    """The registry's record of ``method``; ValueError naming the choices for an unknown one."""
+    """The registry's record of ``method``; `UnknownMethod` naming the choices for an unknown one."""
     if method not in LEARNERS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(LEARNERS)}")
+        raise UnknownMethod(f"unknown method {method!r}; choose from {', '.join(LEARNERS)}")
     return LEARNERS[method]
+
+
+def readers(setting: str) -> tuple[str, ...]:
+    """The learners that read ``setting``, in registry order."""
+    return tuple(entry.name for entry in REGISTRY if entry.reads(setting))
+
+
+def read_by(setting: str) -> str:
+    """The "Read by ..." sentence of a learner-specific setting's help, with each learner's range where it
+    differs by learner: "Read by ggpo, agro (> 0); proximal-kl (>= 0)."."""
+    groups: dict[str, list[str]] = {}
+    for entry in REGISTRY:
+        if entry.reads(setting):
+            bound = entry.bounds.get(setting)
+            groups.setdefault(f" ({bound})" if bound else "", []).append(entry.name)
+    return "Read by " + "; ".join(", ".join(names) + bound for bound, names in groups.items()) + "."
+
+
+def ref_refresh_help() -> str:
+    """``--ref-refresh``'s help beyond its first clause: each learner's default, and who reads it."""
+    refreshing = [entry.name for entry in REGISTRY if entry.refreshes_reference]
+    fixed = [e.name for e in REGISTRY if e.reads("ref_refresh") and not e.refreshes_reference]
+    without = [entry.name for entry in REGISTRY if not entry.reads("ref_refresh")]
+    return (
+        f"[default: {PAPER_REF_REFRESH} (or the preset's) for {', '.join(refreshing)}; never (π0 stays π_ref "
+        f"unless a value is given) for {', '.join(fixed)}]. {read_by('ref_refresh')} "
+        f"{', '.join(without)} have no reference."
+    )
+
+
+# -- the README's learner table ---------------------------------------------------------------------------
+
+README_BEGIN = "<!-- learners:begin -->"
+README_END = "<!-- learners:end -->"
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _flag(setting: str) -> str:
+    return f"`--{setting.replace('_', '-')}`"
+
+
+def _hyperparameters_cell(entry: Learner) -> str:
+    bounds = {name: f" {bound}" for name, bound in entry.bounds.items()}
+    read = [_flag(name) + bounds.get(name, "") for name in entry.hyperparameters]
+    fixed = [f"{name} = {value:g} (fixed)" for name, value in entry.fixed.items()]
+    return ", ".join(read + fixed) or "—"
+
+
+def _references_cell(entry: Learner) -> str:
+    schedules = {need: f" ({_flag(setting)})" for need, setting in SCHEDULES.items()}
+    return ", ".join(SYMBOLS[need] + schedules.get(need, "") for need in entry.needs) or "—"
+
+
+def _refresh_cell(entry: Learner) -> str:
+    if not entry.reads("ref_refresh"):
+        return "—"
+    return f"every {PAPER_REF_REFRESH}" if entry.refreshes_reference else "no (π0 unless given)"
+
+
+def markdown_table() -> str:
+    """The learner table of README.md, one row per registry entry (`python -m ggpo_offline.train.learners`
+    writes it between the README's markers)."""
+    lines = [
+        "| method | label | update | hyperparameters | references (schedule) | refreshes π_ref by default | "
+        "defined in |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for entry in REGISTRY:
+        cells = [
+            f"`{entry.name}`",
+            entry.label,
+            entry.summary,
+            _hyperparameters_cell(entry),
+            _references_cell(entry),
+            _refresh_cell(entry),
+            entry.formula,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def with_learner_table(readme: str) -> str:
+    """``readme`` with the text between its learner markers replaced by `markdown_table()`."""
+    if readme.count(README_BEGIN) != 1 or readme.count(README_END) != 1:
+        raise UserError(f"README.md needs one {README_BEGIN} line and one {README_END} line")
+    head, rest = readme.split(README_BEGIN)
+    tail = rest.split(README_END)[1]
+    return f"{head}{README_BEGIN}\n{markdown_table()}{README_END}{tail}"
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else README
+    path.write_text(with_learner_table(path.read_text()))
+    print(f"wrote the learner table into {path}")

@@ -83,7 +83,30 @@ def response_logprobs(
         return full_vocab_logprobs(model, batch, with_entropy, temperature)
     _check_vocabulary(model, batch)
     device = next(model.parameters()).device
-    packed = packed and packing_supported(model)
+    states, index = _response_token_states(model, batch, forward_tokens, packed and packing_supported(model))
+    chunk_tokens = chunk_tokens or max(1, CHUNK_LOGITS // head.weight.shape[0])
+    logp_flat, entropy_flat = TokenLogprobs.apply(
+        states,
+        head.weight,
+        batch.response_ids.to(device)[index],
+        with_entropy,
+        chunk_tokens,
+        temperature,
+    )
+    shape = batch.response_ids.shape
+    logp = torch.zeros(shape, device=device).index_put(index, logp_flat)
+    if not with_entropy:
+        return logp, None
+    return logp, torch.zeros(shape, device=device).index_put(index, entropy_flat)
+
+
+def _response_token_states(
+    model: torch.nn.Module, batch: Minibatch, forward_tokens: int | None, packed: bool
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The decoder's last hidden state at the position predicting each valid response token, (N, H), and
+    those tokens' (row, column) in ``batch.response_ids``; forwards of at most ``forward_tokens``
+    positions."""
+    device = next(model.parameters()).device
     lengths = batch.attention_mask.sum(dim=1)
     states, token_rows, token_cols = [], [], []
     for bucket in length_buckets(lengths.tolist(), forward_tokens, packed):
@@ -106,20 +129,7 @@ def response_logprobs(
         token_rows.append(rows[r])
         token_cols.append(c)
     index = (torch.cat(token_rows).to(device), torch.cat(token_cols).to(device))
-    chunk_tokens = chunk_tokens or max(1, CHUNK_LOGITS // head.weight.shape[0])
-    logp_flat, entropy_flat = TokenLogprobs.apply(
-        torch.cat(states),
-        head.weight,
-        batch.response_ids.to(device)[index],
-        with_entropy,
-        chunk_tokens,
-        temperature,
-    )
-    shape = batch.response_ids.shape
-    logp = torch.zeros(shape, device=device).index_put(index, logp_flat)
-    if not with_entropy:
-        return logp, None
-    return logp, torch.zeros(shape, device=device).index_put(index, entropy_flat)
+    return torch.cat(states), index
 
 
 def _check_vocabulary(model: torch.nn.Module, batch: Minibatch) -> None:

@@ -21,7 +21,6 @@ import torch
 from ggpo_offline.core.errors import UserError, writing
 from ggpo_offline.core.model_io import initial_model_dir, load_tokenizer, weights_sha256
 from ggpo_offline.pool.schema import PARQUET_OPTIONS, open_parquet
-from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
 from ggpo_offline.train.distributed import cast_parameters, compute_dtype, device_of
@@ -84,20 +83,18 @@ def score_pool(
     pool: Path,
     model_dir: Path,
     device: torch.device,
+    temperature: float,
     on_progress: Callable[[int, int], None] | None = None,
     sharded: bool = False,
     packed: bool = True,
 ) -> "Pi0Cache":
-    """Write (or find) the π0 cache of ``pool`` for ``model_dir`` and open it; ``sharded``: for a learner
-    that FSDP2 shards (on CUDA its weights compute in bf16, and so do π0's here); ``packed``: scored with
-    packed forwards, as a learner without --no-packing runs.
-
-    An existing cache is reused only when its key (pool fingerprint, weights sha256, numerics, sampling
-    temperature) matches; a stale one is replaced. Written through a temporary file renamed into place.
-    """
+    """Write (or find) the π0 cache of ``pool`` for ``model_dir`` and open it; ``temperature``: the pool's
+    (`pool_temperature`), as the learner's log-probs use it; ``sharded``: for a learner that FSDP2 shards
+    (on CUDA its weights compute in bf16, and so do π0's here); ``packed``: scored with packed forwards, as
+    a learner without --no-packing runs. An existing cache is reused only when its key (`cache_key`)
+    matches; a stale one is replaced. Written through a temporary file renamed into place."""
     from transformers import AutoModelForCausalLM
 
-    temperature = pool_temperature(pool, read_pool_metadata(pool))
     key = cache_key(pool, model_dir, device, temperature, sharded, packed)
     target = cache_path(pool, key)
     if target.is_file() and _read_key(target) == key:
@@ -147,9 +144,9 @@ def ensure_pi0_cache(
 ) -> "Pi0Cache":
     """``ggpo pool score``: check the pool, resolve its initial model (``model`` or the pool's own) and
     score it on the learner's device unless a matching cache exists."""
-    validate_pool(pool)
-    model_dir = initial_model_dir(model, read_pool_metadata(pool))
-    return score_pool(pool, model_dir, device_of(), on_progress)
+    info = validate_pool(pool).info
+    model_dir = initial_model_dir(model, info.model.location)
+    return score_pool(pool, model_dir, device_of(), pool_temperature(pool, info.sampling), on_progress)
 
 
 class Pi0Cache:

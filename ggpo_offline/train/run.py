@@ -9,20 +9,20 @@ from typing import TYPE_CHECKING
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.layout import (
+    CHECKPOINT_PREFIX,
+    CHECKPOINTS,
+    CONFIG_FILE,
+    EVAL_FOLDER,
+    FINAL,
+    METRICS_FILE,
+    RESULT_FILE,
+    STATE_FILE,
+)
 
 if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
     from ggpo_offline.train.distributed import Ranks
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
-RESULT_FILE = "result.json"
-"""Written last: a run folder holding it is a finished run (compare reuses such runs)."""
-EVAL_FOLDER = "eval"
-CHECKPOINTS = "checkpoints"
-CHECKPOINT_PREFIX = "update-"
-STATE_FILE = "trainer_state.pt"
-"""Written last into a checkpoint: a checkpoint folder holding it is complete and resumable."""
-FINAL = "final"
 FLUSH_EVERY = 20
 """Without checkpoints, metrics still reach the tracker and metrics.jsonl this often (updates)."""
 

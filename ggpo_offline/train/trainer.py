@@ -6,24 +6,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.core.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
+from ggpo_offline.core.model_io import load_tokenizer
 from ggpo_offline.evaluate.evaluator import Evaluator
-from ggpo_offline.pool.source import read_pool_metadata
-from ggpo_offline.pool.validate import validate_pool
-from ggpo_offline.train import diagnostics as diag
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
 from ggpo_offline.train.checkpoint import load_state, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import (
     SINGLE_PROCESS,
     Ranks,
-    all_cat,
-    all_max,
     all_sum,
-    barrier,
-    check_split,
     device_of,
     full_state_dict,
     gradient_sync,
@@ -33,22 +27,12 @@ from ggpo_offline.train.distributed import (
     wrap,
 )
 from ggpo_offline.train.evaluation import CheckpointEvaluations
-from ggpo_offline.train.learners import LEARNERS
+from ggpo_offline.train.inputs import RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.logprobs import ResponseLogprobs
-from ggpo_offline.train.losses import DERIVED_STATS, STAT_REDUCTIONS, NonFiniteCoefficient
-from ggpo_offline.train.pi0_cache import Pi0Cache, score_pool
-from ggpo_offline.train.plan import (
-    PoolIndex,
-    data_order_fingerprint,
-    index_pool,
-    plan_minibatches,
-    pool_fingerprint,
-)
+from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
+from ggpo_offline.train.pi0_cache import Pi0Cache
 from ggpo_offline.train.run import FLUSH_EVERY, Run
-from ggpo_offline.train.sampling import check_sampling
-
-SUMMED_METRICS = ("loss", "mismatch/k3", "mismatch/drift", "policy/entropy", "ref/log_ratio")
-"""Per-minibatch diagnostics normalized by global counts: micro-batches and ranks add up."""
+from ggpo_offline.train.step_metrics import EssBlock, StepDiagnostics
 
 
 @dataclass(frozen=True)
@@ -61,15 +45,6 @@ class TrainResult:
     pool_fingerprint: str
     data_order_fingerprint: str
     metrics: list[dict]
-
-
-def check_tokenizer(config: TrainConfig, pool_meta: dict, tokenizer) -> None:
-    expected = pool_meta.get("tokenizer", {}).get("sha256")
-    if expected != tokenizer_sha256(tokenizer) and not config.allow_tokenizer_mismatch:
-        raise UserError(
-            f"{config.pool} was generated with a different tokenizer than the model being trained "
-            "(tokenizer sha256 differs); pass --allow-tokenizer-mismatch to train anyway"
-        )
 
 
 class Trainer:
@@ -103,7 +78,7 @@ class Trainer:
         # FSDP2 gathers a layer's weights at every decoder call, so all ranks must make the same calls:
         # one decoder forward per micro-batch instead of length-sorted forwards.
         self.forward_tokens = None if self.sharded else config.forward_tokens
-        self.learner_record = LEARNERS[config.method]
+        self.learner_record = config.learner
         self.needs_ref = "ref_logp" in self.learner_record.needs
         self.needs_old = "old_logp" in self.learner_record.needs
         self.read_update = read_update
@@ -123,7 +98,7 @@ class Trainer:
         self.loss_fn = self.learner_record.loss
         self.loss_kwargs = self.learner_record.loss_kwargs(config)
         self.update = 0
-        self.ess_log_weights: list[torch.Tensor] = []
+        self.ess_block = EssBlock(config.ess_block)
 
     # -- state --------------------------------------------------------------------------------------
     def state(self, run_id: str | None) -> tuple[dict, dict]:
@@ -133,7 +108,7 @@ class Trainer:
         run_state = {
             "update": self.update,
             "optimizer": None if self.sharded else optimizer,
-            "ess_log_weights": self.ess_log_weights,
+            "ess_log_weights": self.ess_block.log_weights,
             "torch_rng": torch.get_rng_state(),
             "run_id": run_id,
             "config": self.config.to_dict(),
@@ -151,7 +126,7 @@ class Trainer:
         run_state, rank_state = load_state(checkpoint, self.ranks.rank)
         self.optimizer.load_state_dict(rank_state["optimizer"] if self.sharded else run_state["optimizer"])
         self.ref_window, self.old_window = rank_state["ref_window"], rank_state["old_window"]
-        self.ess_log_weights = run_state["ess_log_weights"]
+        self.ess_block.log_weights = run_state["ess_log_weights"]
         torch.set_rng_state(run_state["torch_rng"])
         self.update = run_state["update"]
         return run_state["run_id"]
@@ -190,67 +165,58 @@ class Trainer:
             self.learner.train()
 
     def step(self, batch: Minibatch) -> dict[str, float]:
-        """One optimizer update on (this rank's share of) one minibatch; returns the minibatch's metrics,
-        reduced over ranks and computed before the step."""
+        """One optimizer update on (this rank's share of) one minibatch: log-probs → loss → backward per
+        micro-batch, then the step; returns the minibatch's metrics, reduced over ranks and computed before
+        the step."""
         self.refresh_anchors()
         token_count = all_sum(batch.mask.sum(), self.ranks).to(self.device)  # T_tok of the whole minibatch
         responses = batch.num_responses * self.ranks.world
+        diagnostics = StepDiagnostics(token_count, responses, self.needs_ref, self.ranks)
         self.optimizer.zero_grad(set_to_none=True)
-        sums = dict.fromkeys([k for k in SUMMED_METRICS if self.needs_ref or k != "ref/log_ratio"], 0.0)
-        seq_log_weights, qs, stats = [], [], []
         micros = batch.split(self.config.micro_batch_size)
         for position, micro in enumerate(micros):
             constants = self._constants(micro, position)
             mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
             with gradient_sync(self.learner, enabled=position == len(micros) - 1):
                 logp, entropy = self.learner(micro, with_entropy=True, forward_tokens=self.forward_tokens)
-                try:
-                    out = self.loss_fn(
-                        logp=logp,
-                        mask=mask,
-                        rewards=micro.rewards.to(self.device),
-                        group_size=micro.group_size,
-                        token_count=token_count,
-                        **constants,
-                        **self.loss_kwargs,
-                    )
-                except NonFiniteCoefficient as error:
-                    raise UserError(
-                        f"{error} at update {self.update}; stopped before writing a checkpoint"
-                    ) from None
+                out = self._loss(micro, logp, mask, token_count, constants)
                 # DDP and FSDP2 average gradients over ranks; a loss normalized by the global T_tok wants
                 # their sum, the 1-process gradient.
                 (out.loss * self.ranks.world).backward()
-            logp = logp.detach()
-            sums["loss"] += out.loss.item()
-            sums["mismatch/k3"] += diag.mismatch_k3(logp, behavior, mask, token_count=token_count).item()
-            sums["mismatch/drift"] += diag.mismatch_drift(
-                logp, behavior, mask, token_count=token_count
-            ).item()
-            sums["policy/entropy"] += diag.token_entropy_mean(entropy, mask, token_count=token_count).item()
-            if self.needs_ref:
-                sums["ref/log_ratio"] += diag.ref_log_ratio(
-                    logp, constants["ref_logp"], mask, response_count=responses
-                ).item()
-            seq_log_weights.append(diag.sequence_log_weights(logp, behavior, mask))
-            if "q" in out.stats:
-                qs.append(out.stats["q"])
-            stats.append(out.stats)
+            diagnostics.add(micro, logp, entropy, mask, behavior, constants.get("ref_logp"), out)
         grad_norm = scalar(torch.nn.utils.clip_grad_norm_(self.learner.parameters(), self.config.grad_clip))
-        totals = all_sum(torch.tensor(list(sums.values()), dtype=torch.float64), self.ranks).tolist()
-        sums = dict(zip(sums, totals, strict=True))
-        if not (math.isfinite(sums["loss"]) and math.isfinite(grad_norm)):
-            raise UserError(
-                f"non-finite loss or gradient at update {self.update} "
-                f"(loss {sums['loss']}, grad norm {grad_norm}); stopped before writing a checkpoint"
-            )
+        self._check_finite(diagnostics.reduce_sums()["loss"], grad_norm)
         self.optimizer.step()
-        rewards = torch.cat([micro.rewards for micro in micros])  # in micro-batch order, like q
-        metrics = self._metrics(batch, sums, grad_norm, torch.cat(seq_log_weights), qs, rewards, stats)
+        metrics = diagnostics.metrics(batch, grad_norm, self.config.method, self.ess_block)
         self.ref_window.pop(self.update, None)  # served; the checkpoint keeps only what is still due
         self.old_window.pop(self.update, None)
         self.update += 1
         return metrics
+
+    def _loss(
+        self, micro: Minibatch, logp: Tensor, mask: Tensor, token_count: Tensor, constants: dict
+    ) -> LossOutput:
+        """The learner's loss on one micro-batch, normalized by the minibatch's ``token_count``."""
+        try:
+            return self.loss_fn(
+                logp=logp,
+                mask=mask,
+                rewards=micro.rewards.to(self.device),
+                group_size=micro.group_size,
+                token_count=token_count,
+                **constants,
+                **self.loss_kwargs,
+            )
+        except NonFiniteCoefficient as error:
+            raise UserError(f"{error} at update {self.update}; stopped before writing a checkpoint") from None
+
+    def _check_finite(self, loss: float, grad_norm: float) -> None:
+        """Stop before the step (and so before any checkpoint) when the loss or the gradient is not finite."""
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise UserError(
+                f"non-finite loss or gradient at update {self.update} "
+                f"(loss {loss}, grad norm {grad_norm}); stopped before writing a checkpoint"
+            )
 
     def _constants(self, micro: Minibatch, position: int) -> dict[str, torch.Tensor]:
         """The learner's constant inputs for micro-batch ``position`` of the current update."""
@@ -262,104 +228,10 @@ class Trainer:
             constants["old_logp"] = self.old_window[self.update][position]
         return {k: v.to(self.device) for k, v in constants.items() if k in self.learner_record.needs}
 
-    def _metrics(self, batch, sums, grad_norm, seq_log_weights, qs, rewards, stats) -> dict[str, float]:
-        """Per-minibatch metrics: sums over ranks, and order-free statistics of all ranks' rows."""
-
-        def everyone(value: torch.Tensor) -> torch.Tensor:
-            return all_cat(value, self.ranks)
-
-        metrics = dict(sums)
-        seq_log_weights = everyone(seq_log_weights)
-        metrics["mismatch/ess"] = diag.sequence_ess(seq_log_weights).item()
-        metrics["optim/grad_norm"] = grad_norm
-        metrics["train/reward"] = everyone(batch.rewards).mean().item()
-        metrics["train/response_length"] = everyone(batch.mask.sum(dim=1)).mean().item()
-        metrics["train/truncated_frac"] = everyone(batch.truncated.float()).mean().item()
-        if qs:
-            q, rewards = everyone(torch.cat(qs)), everyone(rewards)
-            metrics["ggpo/q_ess"] = diag.q_ess_median(q, batch.group_size).item()
-            success = diag.success_ess(q, rewards, batch.group_size)
-            if success is not None:
-                metrics["ggpo/success_ess"] = success.item()
-        learner_stats = {}
-        for key in stats[0]:
-            values = [s[key].detach().double() for s in stats]
-            if values[0].dim() == 0 and STAT_REDUCTIONS.get(key) == "max":
-                learner_stats[key] = all_max(torch.stack(values).amax(), self.ranks).item()
-            elif values[0].dim() == 0:  # scalar statistics of the learner, summed over micro-batches
-                learner_stats[key] = all_sum(torch.stack(values).sum(), self.ranks).item()
-            elif key == "group_loss":
-                learner_stats[key] = everyone(torch.cat(values)).mean().item()
-        for key, (inputs, derive) in DERIVED_STATS.items():
-            if all(name in learner_stats for name in inputs):
-                learner_stats[key] = derive(*(learner_stats[name] for name in inputs))
-        # Learner-specific keys are named by the method (grpo/clip_frac); shared families keep their own
-        # prefix (pkl/credit_mean, is/w_max, cispo/clip_frac_low), as SPEC-beyond names them.
-        for key, value in learner_stats.items():
-            metrics[key if "/" in key else f"{self.config.method}/{key}"] = value
-        self.ess_log_weights.append(seq_log_weights.cpu())
-        if len(self.ess_log_weights) == self.config.ess_block:
-            metrics["mismatch/ess_block"] = diag.sequence_ess(torch.cat(self.ess_log_weights)).item()
-            self.ess_log_weights = []
-        return metrics
-
 
 def _threads(config: TrainConfig) -> None:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-
-
-@dataclass(frozen=True)
-class RunInputs:
-    """What a run reads, each checked, before it writes anything."""
-
-    pool: Path
-    pool_meta: dict
-    model_dir: Path
-    tokenizer: object
-    temperature: float
-    """The pool's sampling temperature, which every log-prob of the run uses."""
-    index: PoolIndex
-    plan: list
-    fingerprints: dict
-
-    @property
-    def filtered_frac(self) -> float:
-        """`train/filtered_frac`: the share of the pool's groups the mixed-reward filter removes."""
-        return 1 - len(self.index.mixed_group_ids) / self.index.total_groups
-
-
-def read_inputs(config: TrainConfig, ranks: Ranks = SINGLE_PROCESS) -> RunInputs:
-    """The pool (validated), its initial model and tokenizer (checked against it), its sampling temperature
-    (`check_sampling`), the data plan and the fingerprints that identify pool and plan."""
-    check_split(config.groups_per_batch, ranks)
-    pool = Path(config.pool)
-    validate_pool(pool)
-    pool_meta = read_pool_metadata(pool)
-    model_dir = initial_model_dir(config.model, pool_meta)
-    tokenizer = load_tokenizer(model_dir)
-    check_tokenizer(config, pool_meta, tokenizer)
-    temperature = check_sampling(pool, pool_meta, config.allow_truncated_sampling)
-    index = index_pool(pool)
-    plan = plan_minibatches(index, config.seed, config.updates, config.groups_per_batch)
-    fingerprints = {
-        "pool_fingerprint": pool_fingerprint(pool),
-        "data_order_fingerprint": data_order_fingerprint(plan),
-    }
-    return RunInputs(pool, pool_meta, model_dir, tokenizer, temperature, index, plan, fingerprints)
-
-
-def _pi0(config: TrainConfig, inputs: RunInputs, ranks: Ranks) -> Pi0Cache | None:
-    """The initial model's log-probs, for every method with a reference: scored once per pool, model and
-    numerics (a no-op when the cache exists) and shared by every run on the pool."""
-    if "ref_logp" not in LEARNERS[config.method].needs:
-        return None
-    sharded, device = ranks.distributed and config.fsdp, device_of(ranks)
-    options = {"sharded": sharded, "packed": not config.no_packing}
-    if ranks.main:
-        score_pool(inputs.pool, inputs.model_dir, device, **options)
-    barrier(ranks)
-    return score_pool(inputs.pool, inputs.model_dir, device, **options)
 
 
 def train(
@@ -391,37 +263,12 @@ def train(
             tracking.check_tracking_reachable(config.tracking_uri or tracking.default_tracking_uri())
         run = Run(config, ranks, resume=resume, overwrite=overwrite)
         _threads(config)
-        pi0 = _pi0(config, inputs, ranks)
-        reader = MinibatchReader(inputs.pool, inputs.index, pad_id=inputs.tokenizer.pad_token_id or 0)
-
-        def read_update(update: int) -> Minibatch:
-            return reader.read(rank_groups(inputs.plan[update].tolist(), ranks))
-
-        torch.manual_seed(config.seed)
-        trainer = Trainer(
-            config, run.resume_from or inputs.model_dir, read_update, pi0, ranks, inputs.temperature
-        )
-        run_id = trainer.restore(run.resume_from) if run.resume_from is not None else None
-        params = {"model_dir": str(inputs.model_dir), **_sampling_params(inputs.pool_meta)}
-        run.start(trainer.update, run_id, parent_run_id, inputs.fingerprints, params)
+        trainer, run_id = _start_trainer(config, inputs, run, ranks)
+        run.start(trainer.update, run_id, parent_run_id, inputs.fingerprints, inputs.tracking_params)
         with tracking.ending(run.tracker):
             while trainer.update < config.updates:
-                update = trainer.update
-                evaluation = evaluations.at(update, run.folder)
-                metrics = {**trainer.step(read_update(update)), "train/filtered_frac": inputs.filtered_frac}
-                run.record(update, evaluation, metrics, last=trainer.update == config.updates)
-                if on_update is not None:
-                    on_update(update, metrics)
-                done = trainer.update
-                saving = config.save_every is not None and done % config.save_every == 0
-                if saving or done == config.updates or evaluations.due(done):
-                    run.flush()  # metrics reach the store together with the checkpoint that reproduces them
-                    trainer.save(run.folder.checkpoint(done), run.run_id)
-                elif config.save_every is None and done % FLUSH_EVERY == 0:
-                    run.flush()
-            run.record(config.updates, evaluations.at(config.updates, run.folder))
-            run.flush()
-            final = trainer.save(run.folder.final, run.run_id, resumable=False)
+                _update(trainer, run, evaluations, inputs, on_update)
+            final = _finish(trainer, run, evaluations)
     run.finish(final, inputs.fingerprints)
     fingerprints = inputs.fingerprints
     return TrainResult(
@@ -434,6 +281,50 @@ def train(
     )
 
 
-def _sampling_params(pool_meta: dict) -> dict:
-    """The pool's sampling settings as MLflow params (pool_temperature, pool_top_p, ...)."""
-    return {f"pool_{k}": v for k, v in pool_meta.get("sampling", {}).items() if k != "seed"}
+def _start_trainer(
+    config: TrainConfig, inputs: RunInputs, run: Run, ranks: Ranks
+) -> tuple[Trainer, str | None]:
+    """The trainer on the initial model, or on the checkpoint ``run`` resumes (then also its MLflow run)."""
+    pi0 = reference_pi0(config, inputs, ranks)
+    reader = MinibatchReader(inputs.pool, inputs.index, pad_id=inputs.tokenizer.pad_token_id or 0)
+
+    def read_update(update: int) -> Minibatch:
+        return reader.read(rank_groups(inputs.plan[update].tolist(), ranks))
+
+    torch.manual_seed(config.seed)
+    trainer = Trainer(
+        config, run.resume_from or inputs.model_dir, read_update, pi0, ranks, inputs.temperature
+    )
+    run_id = trainer.restore(run.resume_from) if run.resume_from is not None else None
+    return trainer, run_id
+
+
+def _update(
+    trainer: Trainer,
+    run: Run,
+    evaluations: CheckpointEvaluations,
+    inputs: RunInputs,
+    on_update: Callable[[int, dict], None] | None,
+) -> None:
+    """One update: the evaluation due before it, the step, its metrics kept, then a checkpoint or a flush."""
+    config, update = trainer.config, trainer.update
+    evaluation = evaluations.at(update, run.folder)
+    metrics = {**trainer.step(trainer.read_update(update)), "train/filtered_frac": inputs.filtered_frac}
+    run.record(update, evaluation, metrics, last=trainer.update == config.updates)
+    if on_update is not None:
+        on_update(update, metrics)
+    done = trainer.update
+    saving = config.save_every is not None and done % config.save_every == 0
+    if saving or done == config.updates or evaluations.due(done):
+        run.flush()  # metrics reach the store together with the checkpoint that reproduces them
+        trainer.save(run.folder.checkpoint(done), run.run_id)
+    elif config.save_every is None and done % FLUSH_EVERY == 0:
+        run.flush()
+
+
+def _finish(trainer: Trainer, run: Run, evaluations: CheckpointEvaluations) -> Path:
+    """The last evaluation and metrics, then the final model (weights only, no resume state)."""
+    updates = trainer.config.updates
+    run.record(updates, evaluations.at(updates, run.folder))
+    run.flush()
+    return trainer.save(run.folder.final, run.run_id, resumable=False)

@@ -1,10 +1,18 @@
 """Generation engines: vLLM (default) and transformers ``generate`` (fallback), one interface."""
 
+import typing
 from pathlib import Path
 
-from ggpo_offline.generate.engines.base import Engine, Sample, SamplingSettings, prompt_seed
+from ggpo_offline.generate.engines.base import (
+    Dtype,
+    Engine,
+    EngineName,
+    Sample,
+    SamplingSettings,
+    prompt_seed,
+)
 
-ENGINES = ("vllm", "hf")
+ENGINES = typing.get_args(EngineName)
 
 
 def load_engine(
@@ -51,4 +59,13 @@ def load_engine(
     raise UserError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
 
 
-__all__ = ["ENGINES", "Engine", "Sample", "SamplingSettings", "load_engine", "prompt_seed"]
+__all__ = [
+    "ENGINES",
+    "Dtype",
+    "Engine",
+    "EngineName",
+    "Sample",
+    "SamplingSettings",
+    "load_engine",
+    "prompt_seed",
+]

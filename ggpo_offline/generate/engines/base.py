@@ -3,23 +3,28 @@
 import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
+
+from ggpo_offline.core.settings import setting
+
+EngineName = Literal["vllm", "hf"]
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+"""An engine's weight dtype: auto (the engine's choice) or a torch dtype."""
 
 
 @dataclass(frozen=True)
 class SamplingSettings:
     """Sampling settings of a pool (paper: temperature 1.0, top-p 1.0, no top-k)."""
 
-    m: int = 8
-    """Responses per prompt (group size)."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    """0 disables top-k filtering."""
-    max_tokens: int = 128
-    """Response length limit; a response cut there keeps all its tokens (finish_reason 'length')."""
-    seed: int = 0
-    """Global seed; each prompt samples from a seed derived from it and its prompt_id."""
+    m: int = setting(8, "Responses per prompt (group size m).", flag="samples-per-prompt", short="m")
+    temperature: float = setting(1.0, "Sampling temperature.")
+    top_p: float = setting(1.0, "Nucleus sampling threshold (1.0 = off).")
+    top_k: int = setting(0, "Top-k sampling (0 = off).")
+    max_tokens: int = setting(
+        128,
+        "Response length limit in tokens; a response cut there keeps all its tokens (finish reason length).",
+    )
+    seed: int = setting(0, "Global sampling seed (each prompt derives its own).")
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,80 @@
+"""`ggpo generate-pool`'s settings and their range checks."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggpo_offline.core.settings import check_choices, setting
+from ggpo_offline.generate.engines.base import Dtype, EngineName, SamplingSettings
+from ggpo_offline.generate.prompts import Template
+
+DEFAULT_POOL = Path("pools/base.parquet")
+# 500 prompts x 8 responses: the tiny preset uses 160 groups per seed, and `make demo` must fit in 12 min.
+DEFAULT_ARITH_PROMPTS = 500
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """Everything ``ggpo generate-pool`` needs; the defaults give the embedded default pool."""
+
+    model: str | None = setting(None, "Local Hugging Face model folder [default: the embedded tiny model].")
+    dataset: str = setting(
+        "arith:train", "arith[:train|test], a .jsonl/.json/.parquet file, or hf:NAME[:SPLIT]."
+    )
+    problem_key: str | None = setting(None, "Problem column [default: problem, question or prompt].")
+    answer_key: str | None = setting(None, "Gold answer column [default: answer].")
+    solution_key: str | None = setting(
+        None, "Solution column whose last \\boxed{} is the gold when there is no answer column."
+    )
+    num_prompts: int | None = setting(
+        None, f"Number of prompts [default: arith {DEFAULT_ARITH_PROMPTS}, files all rows]."
+    )
+    sampling: SamplingSettings = setting(default_factory=SamplingSettings)
+    engine: EngineName = setting("vllm", "Generation engine: vllm or hf.")
+    dtype: Dtype = setting("auto", "Engine dtype: auto, float32, bfloat16, float16.")
+    template: Template = setting(
+        "auto", "Prompt format: auto, chat (the tokenizer's chat template, paper prompts) or plain."
+    )
+    mixed_only: bool = setting(
+        False, "Keep only groups with 0 < sum(r) < m (the paper's offline pool); default keeps all groups."
+    )
+    out: Path = setting(DEFAULT_POOL, "Output pool file.")
+    overwrite: bool = setting(False, "Replace an existing pool file.")
+    reward_workers: int = setting(2, "Worker processes for math-verify (0 = in-process).")
+    reward_timeout_s: float = setting(
+        5.0, "Time limit of one response's scoring in seconds; past it the response scores 0."
+    )
+    batch_prompts: int = setting(256, "Prompts per engine call; each batch is saved for resuming.")
+    shard_index: int = setting(0, "Generate shard i: prompts at positions i, i + n, i + 2n, ...")
+    num_shards: int = setting(1, "Number of shards n (one job each; see `ggpo pool merge`).")
+    tensor_parallel_size: int = setting(1, "vLLM tensor parallelism (GPUs per engine).")
+    data_parallel_size: int = setting(1, "vLLM data parallelism (engine replicas).")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+
+
+def validate_generate_config(config: GenerateConfig) -> None:
+    """Check ranges once, with one clear line for the first problem (choices: on construction)."""
+    # rollout imports math-verify (sympy, ~0.2 s): not at import time, so `ggpo --help` stays quick
+    from ggpo_offline.generate.rollout import raise_first_failure, sampling_checks
+
+    raise_first_failure(
+        sampling_checks(config.sampling, "--samples-per-prompt")
+        + [
+            (config.num_prompts is None or config.num_prompts >= 1, "--num-prompts must be >= 1"),
+            (config.reward_workers >= 0, "--reward-workers must be >= 0"),
+            (config.batch_prompts >= 1, "--batch-prompts must be >= 1"),
+            (config.num_shards >= 1, f"--num-shards must be >= 1, got {config.num_shards}"),
+            (
+                0 <= config.shard_index < config.num_shards,
+                f"--shard-index must be in 0..{config.num_shards - 1}, got {config.shard_index}",
+            ),
+            (config.tensor_parallel_size >= 1, "--tensor-parallel-size must be >= 1"),
+            (config.data_parallel_size >= 1, "--data-parallel-size must be >= 1"),
+            (
+                config.engine != "hf" or (config.tensor_parallel_size, config.data_parallel_size) == (1, 1),
+                "--tensor-parallel-size and --data-parallel-size need --engine vllm (the hf engine runs on "
+                "one device); use --shard-index/--num-shards to spread hf generation over jobs",
+            ),
+        ]
+    )

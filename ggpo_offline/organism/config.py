@@ -1,0 +1,28 @@
+"""The settings of the organism's commands: `ggpo build-tiny-model` and `ggpo measure-styles`."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggpo_offline.core.settings import setting
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """What ``ggpo build-tiny-model`` builds and where (the recipe in `tiny.py`)."""
+
+    out: Path = setting(help="Folder to write the model into.")
+    seed: int = setting(0, "Training seed.")
+    steps: int = setting(2000, "Optimizer steps.")
+    overwrite: bool = setting(False, "Write into an existing non-empty folder.")
+
+
+@dataclass(frozen=True)
+class StylesConfig:
+    """What ``ggpo measure-styles`` samples and where it writes the full report."""
+
+    model: Path | None = setting(None, "Model folder [default: the embedded tiny model].")
+    num_problems: int = setting(256, "Arith test problems.")
+    n: int = setting(8, "Responses per problem.")
+    seed: int = setting(0, "Sampling seed.")
+    forced: bool = setting(True, "Also sample with each style forced.")
+    json_out: Path | None = setting(None, "Also write the full report (per level) here.", flag="json")

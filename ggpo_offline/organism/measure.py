@@ -1,0 +1,157 @@
+"""Measuring the tiny model by sampling it: accuracy on arith test problems, and its solution styles."""
+
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ggpo_offline.generate.arith import ArithItem, arith_items
+from ggpo_offline.generate.rewards import last_boxed_content as last_boxed  # the pool's extraction rule
+from ggpo_offline.organism.styles import STYLES, style_of
+from ggpo_offline.organism.tiny import prompt_ids
+
+
+@torch.no_grad()
+def sample_responses(
+    model_dir: Path,
+    items: list[ArithItem],
+    m: int,
+    seed: int = 0,
+    temperature: float = 1.0,
+    max_new_tokens: int = 96,
+    prefix: str = "",
+) -> list[list[str]]:
+    """``m`` sampled responses per problem (hf ``generate``); a ``prefix`` is forced as their first characters
+    and is part of each returned response."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.eval()
+    torch.manual_seed(seed)
+    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+    # Same-length prompts batch together without padding, so no left-padding subtleties arise.
+    by_length: dict[int, list[int]] = defaultdict(list)
+    prompts = [prompt_ids(tokenizer, item.question) + prefix_ids for item in items]
+    for index, ids in enumerate(prompts):
+        by_length[len(ids)].append(index)
+    responses: list[list[str]] = [[] for _ in items]
+    for length in sorted(by_length):
+        indices = by_length[length]
+        input_ids = torch.tensor([prompts[i] for i in indices for _ in range(m)])
+        output = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,  # transformers otherwise applies a hidden top_k=50
+            top_p=1.0,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        texts = tokenizer.batch_decode(output[:, length:], skip_special_tokens=True)
+        for row, text in enumerate(texts):
+            responses[indices[row // m]].append(prefix + text)
+    return responses
+
+
+def evaluate_sampled_accuracy(
+    model_dir: Path,
+    n_problems: int = 200,
+    m: int = 8,
+    seed: int = 0,
+    temperature: float = 1.0,
+    max_new_tokens: int = 96,
+    problem_seed: int = 0,
+) -> dict:
+    """Sample ``m`` responses per arith test problem and score the last boxed answer against the gold one.
+
+    Reports overall and per-level accuracy and the share of prompts whose group is mixed (some right, some
+    wrong): only mixed groups give a group-relative policy gradient any signal.
+    """
+    items = arith_items("test", n_problems, problem_seed)
+    responses = sample_responses(model_dir, items, m, seed, temperature, max_new_tokens)
+    correct_counts = [_correct_count(item, texts) for item, texts in zip(items, responses, strict=True)]
+    per_level: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for item, count in zip(items, correct_counts, strict=True):
+        per_level[item.level][0] += count
+        per_level[item.level][1] += m
+    return {
+        "n_problems": len(items),
+        "m": m,
+        "seed": seed,
+        "problem_seed": problem_seed,
+        "temperature": temperature,
+        "accuracy": sum(correct_counts) / (m * len(items)),
+        "pass_at_m": sum(count > 0 for count in correct_counts) / len(items),
+        "accuracy_by_level": {level: right / total for level, (right, total) in sorted(per_level.items())},
+        "problems_by_level": {level: total // m for level, (_, total) in sorted(per_level.items())},
+        "mixed_fraction": sum(0 < count < m for count in correct_counts) / len(items),
+        "all_correct_fraction": sum(count == m for count in correct_counts) / len(items),
+        "all_wrong_fraction": sum(count == 0 for count in correct_counts) / len(items),
+    }
+
+
+def measure_styles(
+    model_dir: Path,
+    n_problems: int = 256,
+    m: int = 8,
+    seed: int = 0,
+    max_new_tokens: int = 96,
+    problem_seed: int = 0,
+    forced: bool = True,
+) -> dict:
+    """Each style's share of the samples and its accuracy, and (``forced``) each style's accuracy when forced.
+
+    Free sampling (temperature 1) on ``n_problems`` arith test problems gives mean@m, pass@m and, per style
+    (told by a response's first character), its share and accuracy, overall and per level. Forcing a style's
+    marker as the first characters and sampling the rest gives its accuracy alone: forcing the best style
+    measures the ceiling that selection among the model's own behaviours can reach.
+    """
+    items = arith_items("test", n_problems, problem_seed)
+    free = sample_responses(model_dir, items, m, seed, max_new_tokens=max_new_tokens)
+    scores = _style_scores(items, free)
+    forced_accuracy = {}
+    for style in STYLES if forced else ():
+        responses = sample_responses(
+            model_dir, items, m, seed, max_new_tokens=max_new_tokens, prefix=style.marker
+        )
+        forced_accuracy[style.name] = _style_scores(items, responses)["accuracy"]
+    settings = {"model": str(model_dir), "n_problems": len(items), "m": m, "seed": seed}
+    return {**settings, **scores, "forced": forced_accuracy}
+
+
+def _correct_count(item: ArithItem, responses: list[str]) -> int:
+    """How many responses' last boxed answer is the gold answer."""
+    return sum(last_boxed(text) == item.answer for text in responses)
+
+
+def _style_scores(items: list[ArithItem], responses: list[list[str]]) -> dict:
+    """Accuracy, pass@m, and per style (and per level) its share and accuracy."""
+    tally: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])  # (style, level) -> [right, total]
+    for item, texts in zip(items, responses, strict=True):
+        for text in texts:
+            right = last_boxed(text) == item.answer
+            for key in ((style_of(text), item.level), (style_of(text), 0), ("all", item.level), ("all", 0)):
+                tally[key][0] += right
+                tally[key][1] += 1
+    total = tally[("all", 0)][1]
+    solved = sum(_correct_count(item, texts) > 0 for item, texts in zip(items, responses, strict=True))
+
+    def share_and_accuracy(style: str, level: int) -> dict:
+        right, count = tally[(style, level)]
+        level_total = tally[("all", level)][1]
+        return {"share": count / level_total, "accuracy": right / count if count else None}
+
+    names = [style.name for style in STYLES] + (["other"] if ("other", 0) in tally else [])
+    levels = sorted(level for _, level in tally if level)
+    return {
+        "accuracy": tally[("all", 0)][0] / total,
+        "pass_at_m": solved / len(items),
+        "styles": {name: share_and_accuracy(name, 0) for name in names},
+        "by_level": {
+            level: {"accuracy": tally[("all", level)][0] / tally[("all", level)][1]}
+            | {name: share_and_accuracy(name, level) for name in names}
+            for level in levels
+        },
+    }

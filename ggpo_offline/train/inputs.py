@@ -1,0 +1,137 @@
+"""A run's inputs, each checked before the run writes anything: pool, initial model, data plan and π0.
+
+`train` reads them all with `read_inputs`; `ggpo compare` plans every run first with `plan_data` alone, so
+this module loads torch only inside the functions that need it: a refused compare command answers in a
+second or two instead of after the imports.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
+from ggpo_offline.pool.info import PoolInfo
+from ggpo_offline.pool.validate import validate_pool
+from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.plan import (
+    PoolIndex,
+    data_order_fingerprint,
+    index_pool,
+    plan_minibatches,
+    pool_fingerprint,
+)
+from ggpo_offline.train.sampling import check_sampling
+
+if TYPE_CHECKING:
+    from ggpo_offline.train.distributed import Ranks
+    from ggpo_offline.train.pi0_cache import Pi0Cache
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """The minibatches a run replays and the fingerprints that identify its pool and their order."""
+
+    plan: np.ndarray
+    """``[U, G]`` group ids: update u trains on the groups ``plan[u]``."""
+    fingerprints: dict
+    """``pool_fingerprint`` and ``data_order_fingerprint``."""
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run reads, each checked, before it writes anything."""
+
+    pool: Path
+    info: PoolInfo
+    model_dir: Path
+    tokenizer: object
+    temperature: float
+    """The pool's sampling temperature, which every log-prob of the run uses."""
+    index: PoolIndex
+    plan: np.ndarray
+    fingerprints: dict
+
+    @property
+    def filtered_frac(self) -> float:
+        """`train/filtered_frac`: the share of the pool's groups the mixed-reward filter removes."""
+        return 1 - len(self.index.mixed_group_ids) / self.index.total_groups
+
+    @property
+    def tracking_params(self) -> dict:
+        """The MLflow params a run adds to its settings: model_dir and the pool's sampling settings as
+        stored (pool_temperature, pool_top_p, ...; not its seed)."""
+        sampling = self.info.raw.get("sampling", {})
+        return {
+            "model_dir": str(self.model_dir),
+            **{f"pool_{k}": v for k, v in sampling.items() if k != "seed"},
+        }
+
+
+def plan_data(config: TrainConfig, index: PoolIndex, pool_print: str) -> DataPlan:
+    """The run's minibatches (`plan_minibatches`) on the pool indexed by ``index``, whose
+    `pool_fingerprint` is ``pool_print``."""
+    plan = plan_minibatches(index, config.seed, config.updates, config.groups_per_batch)
+    return DataPlan(
+        plan, {"pool_fingerprint": pool_print, "data_order_fingerprint": data_order_fingerprint(plan)}
+    )
+
+
+def check_tokenizer(config: TrainConfig, info: PoolInfo, tokenizer) -> None:
+    if info.tokenizer_sha256 != tokenizer_sha256(tokenizer) and not config.allow_tokenizer_mismatch:
+        raise UserError(
+            f"{config.pool} was generated with a different tokenizer than the model being trained "
+            "(tokenizer sha256 differs); pass --allow-tokenizer-mismatch to train anyway"
+        )
+
+
+def read_inputs(config: TrainConfig, ranks: "Ranks | None" = None) -> RunInputs:
+    """The pool (validated), its initial model and tokenizer (checked against it), its sampling temperature
+    (`check_sampling`), the data plan and the fingerprints that identify pool and plan; ``ranks``: the
+    processes of a torchrun job (None: this process alone)."""
+    from ggpo_offline.train.distributed import SINGLE_PROCESS, check_split
+
+    check_split(config.groups_per_batch, SINGLE_PROCESS if ranks is None else ranks)
+    pool = Path(config.pool)
+    info = validate_pool(pool).info
+    model_dir = initial_model_dir(config.model, info.model.location)
+    tokenizer = load_tokenizer(model_dir)
+    check_tokenizer(config, info, tokenizer)
+    temperature = check_sampling(pool, info.sampling, config.allow_truncated_sampling)
+    index = index_pool(pool)
+    data = plan_data(config, index, pool_fingerprint(pool))
+    return RunInputs(pool, info, model_dir, tokenizer, temperature, index, data.plan, data.fingerprints)
+
+
+def score_pi0(config: TrainConfig, inputs: RunInputs, ranks: "Ranks | None" = None) -> "Pi0Cache":
+    """The initial model's log-probs of the pool with the run's numerics: scored once per pool, model and
+    numerics (a no-op when the cache exists) and shared by every run on the pool. Under torchrun rank 0
+    scores while the others wait, then every rank opens the cache."""
+    from ggpo_offline.train.distributed import SINGLE_PROCESS, barrier, device_of
+    from ggpo_offline.train.pi0_cache import score_pool
+
+    ranks = SINGLE_PROCESS if ranks is None else ranks
+    sharded, device = ranks.distributed and config.fsdp, device_of(ranks)
+
+    def score() -> "Pi0Cache":
+        return score_pool(
+            inputs.pool,
+            inputs.model_dir,
+            device,
+            inputs.temperature,
+            sharded=sharded,
+            packed=not config.no_packing,
+        )
+
+    cache = score() if ranks.main else None
+    barrier(ranks)
+    return score() if cache is None else cache  # the other ranks open what rank 0 wrote
+
+
+def reference_pi0(config: TrainConfig, inputs: RunInputs, ranks: "Ranks") -> "Pi0Cache | None":
+    """π0's log-probs (`score_pi0`) for every method with a reference; None for the others."""
+    if "ref_logp" not in config.learner.needs:
+        return None
+    return score_pi0(config, inputs, ranks)

@@ -1,0 +1,12 @@
+"""The names of a run folder's files and of a checkpoint's resume state, shared by `run` and `checkpoint`."""
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+"""Written last: a run folder holding it is a finished run (compare reuses such runs)."""
+EVAL_FOLDER = "eval"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_PREFIX = "update-"
+STATE_FILE = "trainer_state.pt"
+"""Written last into a checkpoint: a checkpoint folder holding it is complete and resumable."""
+FINAL = "final"

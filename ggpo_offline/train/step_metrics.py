@@ -1,0 +1,146 @@
+"""One update's metrics: the diagnostics added micro-batch by micro-batch, then reduced over ranks once."""
+
+import torch
+from torch import Tensor
+
+from ggpo_offline.train import diagnostics as diag
+from ggpo_offline.train.distributed import Ranks, all_cat, all_max, all_sum
+from ggpo_offline.train.losses import Derived, GroupMean, GroupWeights, LossOutput, Max, Stat
+from ggpo_offline.train.minibatch import Minibatch
+
+SUMMED_METRICS = ("loss", "mismatch/k3", "mismatch/drift", "policy/entropy", "ref/log_ratio")
+"""Per-minibatch diagnostics normalized by global counts: micro-batches and ranks add up."""
+
+
+class EssBlock:
+    """`mismatch/ess_block`: the sequence ESS over a block of ``size`` updates' log weights (all ranks' rows);
+    ``log_weights`` is the unfinished block, which a checkpoint keeps."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.log_weights: list[Tensor] = []
+
+    def add(self, seq_log_weights: Tensor) -> float | None:
+        """Add one update's log weights; the block's ESS when this update ends the block, else None."""
+        self.log_weights.append(seq_log_weights.cpu())
+        if len(self.log_weights) != self.size:
+            return None
+        ess = diag.sequence_ess(torch.cat(self.log_weights)).item()
+        self.log_weights = []
+        return ess
+
+
+class StepDiagnostics:
+    """The diagnostics of one update on (this rank's share of) one minibatch (SPEC.md "Diagnostics").
+
+    `add` takes each micro-batch's log-probs, entropies and loss result. Token means divide by the global
+    T_tok and ref/log_ratio by the global response count, so micro-batches and ranks add up (`reduce_sums`,
+    which gives the loss before the step is taken); the ESS-like statistics and the learner's statistics are
+    reduced over all ranks' rows by `metrics`, each learner statistic as its kind declares (`LossOutput`).
+    """
+
+    def __init__(self, token_count: Tensor, response_count: int, with_ref: bool, ranks: Ranks):
+        """``token_count``: T_tok of the whole minibatch; ``response_count``: its responses on all ranks;
+        ``with_ref``: the learner has a reference (ref/log_ratio is logged)."""
+        self.token_count, self.response_count, self.ranks = token_count, response_count, ranks
+        self.sums = dict.fromkeys([k for k in SUMMED_METRICS if with_ref or k != "ref/log_ratio"], 0.0)
+        self.seq_log_weights: list[Tensor] = []
+        self.rewards: list[Tensor] = []  # in micro-batch order, like the learner's per-response statistics
+        self.stats: list[dict[str, Stat]] = []
+
+    def add(
+        self,
+        micro: Minibatch,
+        logp: Tensor,
+        entropy: Tensor,
+        mask: Tensor,
+        behavior_logp: Tensor,
+        ref_logp: Tensor | None,
+        out: LossOutput,
+    ) -> None:
+        """One micro-batch: the learner's log-probs and entropies, its mask and constant log-probs (each
+        [B, T], on the learner's device), and its loss result."""
+        logp, T_tok = logp.detach(), self.token_count
+        self.sums["loss"] += out.loss.item()
+        self.sums["mismatch/k3"] += diag.mismatch_k3(logp, behavior_logp, mask, token_count=T_tok).item()
+        self.sums["mismatch/drift"] += diag.mismatch_drift(
+            logp, behavior_logp, mask, token_count=T_tok
+        ).item()
+        self.sums["policy/entropy"] += diag.token_entropy_mean(entropy, mask, token_count=T_tok).item()
+        if "ref/log_ratio" in self.sums:
+            self.sums["ref/log_ratio"] += diag.ref_log_ratio(
+                logp, ref_logp, mask, response_count=self.response_count
+            ).item()
+        self.seq_log_weights.append(diag.sequence_log_weights(logp, behavior_logp, mask))
+        self.rewards.append(micro.rewards)
+        self.stats.append(out.stats)
+
+    def reduce_sums(self) -> dict[str, float]:
+        """The summed diagnostics (the loss first) over micro-batches and ranks, in one reduction."""
+        totals = all_sum(torch.tensor(list(self.sums.values()), dtype=torch.float64), self.ranks).tolist()
+        self.sums = dict(zip(self.sums, totals, strict=True))
+        return self.sums
+
+    def metrics(
+        self, batch: Minibatch, grad_norm: float, method: str, ess_block: EssBlock
+    ) -> dict[str, float]:
+        """The minibatch's metrics in their logged order, after `reduce_sums`: the sums, the sequence ESS,
+        the gradient norm, the batch's rewards and lengths, the group-weight ESS, the learner's statistics
+        (named by ``method``) and, at a block's end, the block ESS."""
+        metrics = dict(self.sums)
+        seq_log_weights = self._everyone(torch.cat(self.seq_log_weights))
+        metrics["mismatch/ess"] = diag.sequence_ess(seq_log_weights).item()
+        metrics["optim/grad_norm"] = grad_norm
+        metrics["train/reward"] = self._everyone(batch.rewards).mean().item()
+        metrics["train/response_length"] = self._everyone(batch.mask.sum(dim=1)).mean().item()
+        metrics["train/truncated_frac"] = self._everyone(batch.truncated.float()).mean().item()
+        metrics.update(self._group_weight_metrics(batch.group_size))
+        metrics.update(self._learner_metrics(method))
+        block = ess_block.add(seq_log_weights)
+        if block is not None:
+            metrics["mismatch/ess_block"] = block
+        return metrics
+
+    def _everyone(self, value: Tensor) -> Tensor:
+        return all_cat(value, self.ranks)
+
+    def _group_weight_metrics(self, group_size: int) -> dict[str, float]:
+        """ggpo/q_ess and ggpo/success_ess from the learner's within-group weights (GGPO's q), if any."""
+        metrics = {}
+        for key, stat in self.stats[0].items():
+            if isinstance(stat, GroupWeights):
+                q = self._everyone(torch.cat([stats[key].value for stats in self.stats]))
+                rewards = self._everyone(torch.cat(self.rewards))
+                metrics["ggpo/q_ess"] = diag.q_ess_median(q, group_size).item()
+                success = diag.success_ess(q, rewards, group_size)
+                if success is not None:
+                    metrics["ggpo/success_ess"] = success.item()
+        return metrics
+
+    def _learner_metrics(self, method: str) -> dict[str, float]:
+        """The learner's statistics reduced as each declares; derived ones after those they derive from."""
+        reduced, derived = {}, {}
+        for key, stat in self.stats[0].items():
+            if isinstance(stat, Derived):
+                derived[key] = stat
+            elif (value := self._reduce([stats[key] for stats in self.stats])) is not None:
+                reduced[key] = value
+        for key, stat in derived.items():
+            reduced[key] = stat.derive(*(reduced[name] for name in stat.inputs))
+        # Learner-specific keys are named by the method (grpo/clip_frac); shared families keep their own
+        # prefix (pkl/credit_mean, is/w_max, cispo/clip_frac_low), as SPEC-beyond names them.
+        return {key if "/" in key else f"{method}/{key}": value for key, value in reduced.items()}
+
+    def _reduce(self, values: list[Stat]) -> float | None:
+        """One statistic's micro-batch values reduced over micro-batches and ranks; None: not logged."""
+        if isinstance(values[0], Max):
+            return all_max(torch.stack(_float64(values)).amax(), self.ranks).item()
+        if isinstance(values[0], GroupMean):
+            return self._everyone(torch.cat(_float64(values))).mean().item()
+        if isinstance(values[0], Tensor) and values[0].dim() == 0:  # normalized by global counts: adds up
+            return all_sum(torch.stack(_float64(values)).sum(), self.ranks).item()
+        return None  # per-response values and group weights
+
+
+def _float64(values: list[Tensor | Max | GroupMean]) -> list[Tensor]:
+    return [(value if isinstance(value, Tensor) else value.value).detach().double() for value in values]

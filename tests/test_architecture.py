@@ -1,0 +1,296 @@
+"""The package's shape, read from the source with `ast` (no import): stages import only downward, no import
+circle, no function over 60 lines and no file over 400 lines without a stated reason."""
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "ggpo_offline"
+
+STAGES = ("core", "pool", "generate", "evaluate", "train", "compare")
+"""The pipeline's stages, lowest first: each imports only from itself and the stages before it."""
+ALLOWED: dict[str, set[str]] = {stage: set(STAGES[:i]) for i, stage in enumerate(STAGES)}
+ALLOWED["organism"] = {"core", "pool", "generate"}  # the tiny model sits on generation
+FORBIDDEN_TOP = ("ggpo_cli", "cli")
+"""The CLI sits on top of the library; nothing in it may reach back up."""
+
+MAX_FUNCTION_LINES = 60
+MAX_FILE_LINES = 400
+REASON = "long because"
+"""Found (case-insensitive) in a long function's docstring or a long module's docstring: why it is long."""
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module, dotted
+    target: str  # the imported module (or package), dotted
+    line: int
+
+
+def module_name(path: Path, root: Path) -> str:
+    """ggpo_offline/train/run.py -> ggpo_offline.train.run; a package's __init__.py is the package."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules(root: Path, package: str = PACKAGE) -> dict[str, Path]:
+    """Every module of ``package`` under ``root``, by dotted name."""
+    return {module_name(path, root): path for path in sorted((root / package).rglob("*.py"))}
+
+
+def imports(root: Path, package: str = PACKAGE) -> list[Import]:
+    """Every import in ``package`` (module level, inside functions and under TYPE_CHECKING alike), each
+    resolved to the most specific module of the tree it names, or to the imported name when outside it."""
+    known = modules(root, package)
+    found = []
+    for name, path in known.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found += [Import(name, alias.name, node.lineno) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(node, name, is_package)
+                for alias in node.names:
+                    submodule = f"{base}.{alias.name}"
+                    found.append(Import(name, submodule if submodule in known else base, node.lineno))
+    return found
+
+
+def _absolute(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    """The absolute module of ``from <module> import ...`` (relative imports resolved)."""
+    if node.level == 0:
+        return node.module or ""
+    parts = importer.split(".")
+    anchor = parts if is_package else parts[:-1]
+    anchor = anchor[: len(anchor) - (node.level - 1)]
+    return ".".join([*anchor, *([node.module] if node.module else [])])
+
+
+def stage(module: str) -> str | None:
+    """The stage a module belongs to (ggpo_offline.train.run -> train); None for the root package."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def layering_violations(root: Path, package: str = PACKAGE) -> list[str]:
+    """Imports that reach sideways or up the pipeline, or into the CLI."""
+    bad = []
+    for imp in imports(root, package):
+        top = imp.target.split(".")[0]
+        if top in FORBIDDEN_TOP:
+            bad.append(f"{imp.source}:{imp.line} imports the CLI ({imp.target})")
+            continue
+        if top != package:
+            continue
+        source, target = stage(imp.source), stage(imp.target)
+        if target is None or target == source:
+            continue  # the root package (version, docstring) is below every stage
+        if source is None or source not in ALLOWED:
+            bad.append(f"{imp.source}:{imp.line} is outside every stage and imports {imp.target}")
+        elif target not in ALLOWED[source]:
+            bad.append(f"{imp.source}:{imp.line} ({source}) imports {imp.target} ({target})")
+    return bad
+
+
+def import_cycles(root: Path, package: str = PACKAGE) -> list[list[str]]:
+    """The module circles of the import graph (strongly connected components of more than one module, or a
+    module importing itself), each sorted."""
+    graph: dict[str, set[str]] = {name: set() for name in modules(root, package)}
+    for imp in imports(root, package):
+        if imp.target in graph:
+            graph[imp.source].add(imp.target)
+    return [sorted(c) for c in _components(graph) if len(c) > 1 or next(iter(c)) in graph[next(iter(c))]]
+
+
+def _components(graph: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's strongly connected components, iteratively (no recursion limit)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    components.append(component)
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return components
+
+
+def _has_reason(docstring: str | None) -> bool:
+    return docstring is not None and REASON in docstring.lower()
+
+
+def long_functions(root: Path, folders: tuple[str, ...]) -> list[str]:
+    """Functions (methods, nested ones) over MAX_FUNCTION_LINES lines, `def` to last line, whose docstring
+    gives no reason."""
+    bad = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES and not _has_reason(ast.get_docstring(node)):
+                        bad.append(f"{path.relative_to(root)}:{node.lineno} {node.name} has {lines} lines")
+    return bad
+
+
+def long_files(root: Path, folders: tuple[str, ...]) -> list[str]:
+    """Files over MAX_FILE_LINES lines whose module docstring gives no reason."""
+    bad = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            text = path.read_text()
+            lines = len(text.splitlines())
+            if lines > MAX_FILE_LINES and not _has_reason(ast.get_docstring(ast.parse(text))):
+                bad.append(f"{path.relative_to(root)} has {lines} lines")
+    return bad
+
+
+# -- the package ------------------------------------------------------------------------------------------
+
+
+def test_stages_import_only_downward():
+    assert layering_violations(REPO) == []
+
+
+def test_no_import_circle():
+    assert import_cycles(REPO) == []
+
+
+def test_no_long_function_without_a_reason():
+    assert long_functions(REPO, (PACKAGE, "cli")) == []
+
+
+def test_no_long_file_without_a_reason():
+    assert long_files(REPO, (PACKAGE, "cli")) == []
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists packages explicitly; one left out is missing from a non-editable install."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {module_name(path, REPO) for path in (REPO / PACKAGE).rglob("__init__.py")}
+    assert found - listed == set()
+
+
+# -- the checks themselves, on a planted tree -------------------------------------------------------------
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+CLEAN = {
+    f"{PACKAGE}/__init__.py": '"""Root."""\n__version__ = "0"\n',
+    f"{PACKAGE}/core/__init__.py": "",
+    f"{PACKAGE}/core/errors.py": "class UserError(Exception): ...\n",
+    f"{PACKAGE}/pool/__init__.py": "",
+    f"{PACKAGE}/pool/source.py": "from ggpo_offline.core import errors\nfrom ggpo_offline import __version__",
+    f"{PACKAGE}/train/__init__.py": "",
+    f"{PACKAGE}/train/run.py": f"from {PACKAGE}.train import checkpoint\nfrom . import layout\n",
+    f"{PACKAGE}/train/checkpoint.py": "from ggpo_offline.train.layout import STATE_FILE\n",
+    f"{PACKAGE}/train/layout.py": 'STATE_FILE = "state.pt"\n',
+    f"{PACKAGE}/organism/__init__.py": "",
+    f"{PACKAGE}/organism/tiny.py": f"from {PACKAGE}.pool import source\nimport torch\n",
+}
+
+
+def test_clean_tree_passes(tmp_path):
+    root = _tree(tmp_path, CLEAN)
+    assert layering_violations(root) == []
+    assert import_cycles(root) == []
+    assert long_functions(root, (PACKAGE,)) == []
+    assert long_files(root, (PACKAGE,)) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "text", "expected"),
+    [
+        ("pool/source.py", "def f():\n    from ggpo_offline.train import run", "(pool) imports"),
+        ("core/errors.py", "from ggpo_offline.pool.source import x", "(core) imports ggpo_offline.pool"),
+        ("organism/tiny.py", "from ggpo_offline.train.run import x", "(organism) imports ggpo_offline.train"),
+        ("pool/source.py", "from ggpo_offline.organism import tiny\n", "imports ggpo_offline.organism.tiny"),
+        ("train/run.py", "import ggpo_cli.main\n", "imports the CLI (ggpo_cli.main)"),
+        ("train/run.py", "from ..compare import x\n", "(train) imports ggpo_offline.compare"),
+        ("train/__init__.py", "from ggpo_cli import main\n", "imports the CLI (ggpo_cli)"),
+    ],
+)
+def test_layering_catches_an_upward_import(tmp_path, module, text, expected):
+    root = _tree(tmp_path, {**CLEAN, f"{PACKAGE}/compare/__init__.py": "", f"{PACKAGE}/{module}": text})
+    violations = layering_violations(root)
+    assert len(violations) == 1 and expected in violations[0], violations
+
+
+def test_cycle_is_found_through_a_lazy_import(tmp_path):
+    lazy = "def f():\n    from ggpo_offline.train.run import x\n"
+    root = _tree(tmp_path, {**CLEAN, f"{PACKAGE}/train/layout.py": lazy})
+    assert import_cycles(root) == [
+        [f"{PACKAGE}.train.checkpoint", f"{PACKAGE}.train.layout", f"{PACKAGE}.train.run"]
+    ]
+
+
+def test_self_import_is_a_cycle(tmp_path):
+    root = _tree(tmp_path, {**CLEAN, f"{PACKAGE}/train/layout.py": "from ggpo_offline.train import layout\n"})
+    assert import_cycles(root) == [[f"{PACKAGE}.train.layout"]]
+
+
+def _function(lines: int, docstring: str) -> str:
+    """A function of exactly ``lines`` lines, `def` included."""
+    body = [f'    """{docstring}"""', *(["    x = 1"] * (lines - 2))]
+    return "\n".join(["def f():", *body]) + "\n"
+
+
+def test_long_function_needs_a_reason(tmp_path):
+    folder = f"{PACKAGE}/core/"
+    root = _tree(tmp_path, {folder + "ok.py": _function(MAX_FUNCTION_LINES, "Short enough.")})
+    assert long_functions(root, (PACKAGE,)) == []
+    _tree(root, {folder + "long.py": _function(MAX_FUNCTION_LINES + 1, "Does much.")})
+    assert long_functions(root, (PACKAGE,)) == [f"{folder}long.py:1 f has {MAX_FUNCTION_LINES + 1} lines"]
+    _tree(root, {folder + "long.py": _function(MAX_FUNCTION_LINES + 1, "Does much. Long because: a table.")})
+    assert long_functions(root, (PACKAGE,)) == []
+
+
+def test_long_file_needs_a_reason(tmp_path):
+    folder = f"{PACKAGE}/core/"
+    body = "x = 1\n" * MAX_FILE_LINES
+    root = _tree(tmp_path, {folder + "ok.py": '"""Doc."""\n' + "x = 1\n" * (MAX_FILE_LINES - 1)})
+    assert long_files(root, (PACKAGE,)) == []
+    _tree(root, {folder + "big.py": '"""Doc."""\n' + body})
+    assert long_files(root, (PACKAGE,)) == [f"{folder}big.py has {MAX_FILE_LINES + 1} lines"]
+    _tree(root, {folder + "big.py": '"""Doc.\n\nLong because it must be."""\n' + body})
+    assert long_files(root, (PACKAGE,)) == []
