@@ -28,6 +28,7 @@ from ggpo_offline.core.settings import (
 )
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.generate.config import GenerateConfig
+from ggpo_offline.generate.datasets import DatasetColumns
 from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.organism.config import StylesConfig, TinyModelConfig
 from ggpo_offline.pool.config import MergeConfig
@@ -131,8 +132,10 @@ def test_generate_config_round_trips_through_its_flags(monkeypatch, capsys):
 
     values = changed_values(GenerateConfig)
     sampling = SamplingSettings(**{f.name: values.pop(f.name) for f in fields(SamplingSettings)})
-    expected = GenerateConfig(**values, sampling=sampling)
+    columns = DatasetColumns(**{f.name: values.pop(f.name) for f in fields(DatasetColumns)})
+    expected = GenerateConfig(**values, sampling=sampling, columns=columns)
     assert all(value != getattr(GenerateConfig(), name) for name, value in values.items())
+    assert all(getattr(columns, f.name) != f.default for f in fields(DatasetColumns))
     assert all(getattr(sampling, f.name) != f.default for f in fields(SamplingSettings))
     flags = to_flags(expected, GenerateConfig)
     assert "--samples-per-prompt" in flags and "--template" in flags
@@ -144,8 +147,10 @@ def test_generate_config_round_trips_through_its_flags(monkeypatch, capsys):
 def test_eval_config_round_trips_through_its_flags(monkeypatch, capsys):
     from ggpo_offline.evaluate import evaluator
 
-    expected = EvalConfig(**changed_values(EvalConfig))
-    assert all(getattr(expected, k) != v for k, v in leaf_values(EvalConfig()).items())
+    values = changed_values(EvalConfig)
+    columns = DatasetColumns(**{f.name: values.pop(f.name) for f in fields(DatasetColumns)})
+    expected = EvalConfig(**values, columns=columns)
+    assert all(leaf_values(expected)[k] != v for k, v in leaf_values(EvalConfig()).items())
     flags = to_flags(expected, EvalConfig)
     assert flags.count("--dataset") == 2 and "--num-samples" in flags and "--ks" in flags
     assert run_cli(monkeypatch, capsys, evaluator, "evaluate", ["eval", *flags]) == [expected]

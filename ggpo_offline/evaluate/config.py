@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggpo_offline.core.settings import check_choices, setting
+from ggpo_offline.generate.datasets import DatasetColumns
 from ggpo_offline.generate.engines.base import Dtype, EngineName
 from ggpo_offline.generate.prompts import Template
 
@@ -26,11 +27,7 @@ class EvalConfig:
         flag="dataset",
         repeat=True,
     )
-    problem_key: str | None = setting(None, "Problem column [default: problem, question or prompt].")
-    answer_key: str | None = setting(None, "Gold answer column [default: answer].")
-    solution_key: str | None = setting(
-        None, "Solution column whose last \\boxed{} is the gold when there is no answer column."
-    )
+    columns: DatasetColumns = setting(default_factory=DatasetColumns)
     num_problems: int | None = setting(
         None, f"Problems per benchmark [default: arith {DEFAULT_ARITH_PROBLEMS}, files all rows]."
     )

@@ -1,5 +1,6 @@
 """Evaluation (SPEC "Evaluation", paper Appendix C.1): mean@n and pass@k per benchmark and for the suite."""
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -264,9 +265,7 @@ def _dataset_kwargs(config: EvalConfig, spec: str) -> dict:
     if limit is None and spec.split(":")[0] == "arith":
         limit = DEFAULT_ARITH_PROBLEMS
     return {
-        "problem_key": config.problem_key,
-        "answer_key": config.answer_key,
-        "solution_key": config.solution_key,
+        **dataclasses.asdict(config.columns),
         "limit": limit,
         "seed": DATASET_SEED,
     }

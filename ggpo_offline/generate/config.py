@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggpo_offline.core.settings import check_choices, setting
+from ggpo_offline.generate.datasets import DatasetColumns
 from ggpo_offline.generate.engines.base import Dtype, EngineName, SamplingSettings
 from ggpo_offline.generate.prompts import Template
 
@@ -20,11 +21,7 @@ class GenerateConfig:
     dataset: str = setting(
         "arith:train", "arith[:train|test], a .jsonl/.json/.parquet file, or hf:NAME[:SPLIT]."
     )
-    problem_key: str | None = setting(None, "Problem column [default: problem, question or prompt].")
-    answer_key: str | None = setting(None, "Gold answer column [default: answer].")
-    solution_key: str | None = setting(
-        None, "Solution column whose last \\boxed{} is the gold when there is no answer column."
-    )
+    columns: DatasetColumns = setting(default_factory=DatasetColumns)
     num_prompts: int | None = setting(
         None, f"Number of prompts [default: arith {DEFAULT_ARITH_PROMPTS}, files all rows]."
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 import polars as pl
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.settings import setting
 from ggpo_offline.generate.problems import Problem
 from ggpo_offline.generate.rewards import last_boxed_content
 
@@ -22,6 +23,19 @@ DEFAULT_HF_SPLIT = "train"
 PROBLEM_KEY_CANDIDATES = ("problem", "question", "prompt")
 DEFAULT_ANSWER_KEY = "answer"
 DEFAULT_SOLUTION_KEY = "solution"
+
+
+@dataclass(frozen=True)
+class DatasetColumns:
+    """Which columns of a file or hf dataset hold a problem and its gold answer (None: the usual names);
+    the settings generate-pool and eval share."""
+
+    problem_key: str | None = setting(None, "Problem column [default: problem, question or prompt].")
+    answer_key: str | None = setting(None, "Gold answer column [default: answer].")
+    solution_key: str | None = setting(
+        None, "Solution column whose last \\boxed{} is the gold when there is no answer column."
+    )
+
 
 _READERS = {
     # infer_schema_length=None: look at every row, so a type that changes late doesn't fail the read.

@@ -1,8 +1,9 @@
 """Stage one: sample m responses per prompt, score them, and stream them into a Parquet pool."""
 
+import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ggpo_offline.core.model_io import (
     tokenizer_sha256,
     weights_sha256,
 )
+from ggpo_offline.core.settings import leaf_values
 from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig, validate_generate_config
 from ggpo_offline.generate.datasets import load_dataset
 from ggpo_offline.generate.engines import Engine, load_engine
@@ -56,9 +58,7 @@ def _dataset_kwargs(config: GenerateConfig) -> dict:
     if limit is None and config.dataset.split(":")[0] == "arith":
         limit = DEFAULT_ARITH_PROMPTS
     return {
-        "problem_key": config.problem_key,
-        "answer_key": config.answer_key,
-        "solution_key": config.solution_key,
+        **dataclasses.asdict(config.columns),
         "limit": limit,
         "seed": config.sampling.seed,
     }
@@ -351,5 +351,12 @@ def _metadata(
             "tokens": progress.tokens,
             "truncated": progress.truncated,
         },
-        "config": {k: v for k, v in asdict(config).items() if k not in ("sampling", "out", "overwrite")},
+        "config": {k: v for k, v in _settings_record(config).items() if k not in ("out", "overwrite")},
     }
+
+
+def _settings_record(config: GenerateConfig) -> dict:
+    """The settings of the pool's ``config`` record: every one but the sampling settings (recorded apart),
+    flat as the flags name them."""
+    sampling = {field.name for field in dataclasses.fields(config.sampling)}
+    return {name: value for name, value in leaf_values(config).items() if name not in sampling}
