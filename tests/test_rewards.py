@@ -3,6 +3,7 @@
 import json
 import random
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -292,6 +293,28 @@ def test_each_adversarial_response_is_scored_within_its_timeout(name):
     elapsed = time.perf_counter() - started
     assert result.reward == 0.0 and result.status in ("ok", "timeout", "error", "no_box")
     assert elapsed < 0.5 + 0.5, f"{name}: {elapsed:.2f} s"
+
+
+def test_a_timeout_raised_inside_a_destructor_is_not_reported_as_unraisable(monkeypatch):
+    # The time limit's repeat may fire inside a __del__ (sympy objects die mid-parse): that raise cannot
+    # propagate, and the unraisable hook handling it (pytest's imports modules) could be interrupted in turn.
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: reported.append(unraisable.exc_type))
+    hook = sys.unraisablehook
+
+    class RaisesWhenCollected:
+        def __init__(self, error: type[BaseException]):
+            self.error = error
+
+        def __del__(self):
+            raise self.error
+
+    with rewards._time_limit(60.0):
+        RaisesWhenCollected(rewards._ScoringTimeout)
+        RaisesWhenCollected(KeyError)  # any other unraisable still reaches the hook
+    RaisesWhenCollected(rewards._ScoringTimeout)  # outside a time limit nothing is dropped
+    assert reported == [KeyError, rewards._ScoringTimeout]
+    assert sys.unraisablehook is hook  # restored when the limit ends
 
 
 def test_a_batch_of_adversarial_responses_does_not_stall_the_workers():

@@ -7,6 +7,7 @@ import multiprocessing
 import queue
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -108,6 +109,10 @@ def _time_limit(seconds: float) -> Iterator[None]:
     # A library may have blocked SIGALRM in this thread, or a bare ``except:`` may swallow one raise:
     # unblock it, and keep firing every TIMEOUT_REPEAT_S until the block is left.
     blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGALRM])
+    # A raise inside a destructor cannot propagate and goes to sys.unraisablehook, which the next repeat
+    # could interrupt in turn (pytest's hook imports modules there): drop those, the repeat is what counts.
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = partial(_drop_scoring_timeouts, previous_hook)
     signal.setitimer(signal.ITIMER_REAL, seconds, TIMEOUT_REPEAT_S)
     try:
         yield
@@ -118,6 +123,7 @@ def _time_limit(seconds: float) -> Iterator[None]:
                 break
             except _ScoringTimeout:
                 continue
+        sys.unraisablehook = previous_hook
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         # None means the old handler was set outside Python; the default is the closest we can restore.
         signal.signal(signal.SIGALRM, signal.SIG_DFL if previous_handler is None else previous_handler)
@@ -125,6 +131,11 @@ def _time_limit(seconds: float) -> Iterator[None]:
 
 def _raise_timeout(signum: int, frame: object) -> None:
     raise _ScoringTimeout
+
+
+def _drop_scoring_timeouts(hook, unraisable) -> None:
+    if unraisable.exc_type is not _ScoringTimeout:
+        hook(unraisable)
 
 
 def score_response(response: str, gold: str, timeout_s: float = 5.0) -> RewardResult:
