@@ -190,8 +190,8 @@ PRESETS: dict[str, dict] = {
     "paper-offline": {},
     # The embedded model and default pool: ~1.3 s per update on 2 CPU cores, so that `make demo` compares
     # four methods on two seeds in minutes, and a small evaluation (64 arith test problems, n = 8) every 10
-    # updates. Measured on the default pool (docs/results.md): lr 1e-4 selects the careful style; 3e-4 breaks its
-    # arithmetic; past ~20 updates AGRO and GGPO can collapse (most samples open with no style marker).
+    # updates. Measured on the default pool (docs/results.md): lr 1e-4 selects the careful style; 3e-4 breaks
+    # its arithmetic; past ~20 updates AGRO and GGPO can collapse (most samples open with no style marker).
     "tiny": {
         "groups_per_batch": 8,
         "updates": 20,
