@@ -21,6 +21,7 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import to_flags
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.generate.engines import Engine
+from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.config import PER_RUN, TrainConfig, config_for, given_settings, refuse_unread
@@ -279,7 +280,7 @@ def write_readme(
 
     Long because it is the page's template, section by section in the order the README shows them."""
     summary = pool_summary(Path(config.pool))
-    meta = summary.get("metadata", {})
+    info = PoolInfo.from_metadata(summary.get("metadata", {}))
     shared = planned[0].config.to_dict()
     lines = [
         f"# Comparison on `{Path(config.pool).name}`",
@@ -298,12 +299,11 @@ def write_readme(
         "",
         f"- file: `{config.pool}`",
         f"- fingerprint (sha256): `{planned[0].fingerprints['pool_fingerprint']}`",
-        f"- model: `{meta.get('model', {}).get('name')}`, weights sha256 "
-        f"`{meta.get('model', {}).get('weights_sha256')}`",
-        f"- dataset: `{meta.get('dataset', {}).get('spec')}`",
-        f"- {summary['groups']} groups × m = {meta.get('sampling', {}).get('m')} = {summary['responses']} "
+        f"- model: `{info.model.name}`, weights sha256 `{info.model.weights_sha256}`",
+        f"- dataset: `{info.dataset_spec}`",
+        f"- {summary['groups']} groups × m = {info.sampling.m} = {summary['responses']} "
         f"responses, mean reward {summary['mean_reward']:.3f}, {summary['mixed_groups']} mixed groups",
-        f"- sampling: `{json.dumps(meta.get('sampling', {}), sort_keys=True)}`",
+        f"- sampling: `{json.dumps(info.raw.get('sampling', {}), sort_keys=True)}`",
         "",
         "## Data plans",
         "",

@@ -29,14 +29,6 @@ class PoolModel:
 
 
 @dataclass(frozen=True)
-class PoolEngine:
-    """The generation engine that sampled the pool."""
-
-    name: str | None = None
-    version: str | None = None
-
-
-@dataclass(frozen=True)
 class PoolSampling:
     """How the responses were sampled (`SamplingSettings` plus what the engine reports)."""
 
@@ -52,29 +44,6 @@ class PoolSampling:
 
 
 @dataclass(frozen=True)
-class PoolShard:
-    """Which part of a sharded run a shard file holds (merged pools have none)."""
-
-    index: int | None = None
-    count: int | None = None
-    dataset_prompts: int | None = None
-
-
-@dataclass(frozen=True)
-class PoolCounts:
-    """What generation produced (a shard directory's counts are summed over its shards)."""
-
-    prompts: int | None = None
-    skipped_long_prompts: int | None = None
-    groups: int | None = None
-    responses: int | None = None
-    mixed_groups: int | None = None
-    mean_reward: float | None = None
-    tokens: int | None = None
-    truncated: int | None = None
-
-
-@dataclass(frozen=True)
 class PoolInfo:
     """What a pool's metadata says about how it was made."""
 
@@ -83,14 +52,11 @@ class PoolInfo:
     tokenizer_sha256: str | None
     dtype: str | None
     """The engine's weight dtype."""
-    engine: PoolEngine
     sampling: PoolSampling
     template_kind: str | None
     """The prompt template: ``chat`` or ``plain``."""
     dataset_spec: str | None
     """The dataset the prompts came from, as given to generate-pool."""
-    shard: PoolShard | None
-    counts: PoolCounts
     raw: dict
     """The metadata as stored, for callers that record all of it (MLflow params, reports)."""
 
@@ -101,12 +67,9 @@ class PoolInfo:
             model=_parse(PoolModel, meta.get("model")),
             tokenizer_sha256=_section(meta.get("tokenizer")).get("sha256"),
             dtype=meta.get("dtype"),
-            engine=_parse(PoolEngine, meta.get("engine")),
             sampling=_parse(PoolSampling, meta.get("sampling")),
             template_kind=_section(meta.get("prompt_template")).get("kind"),
             dataset_spec=_section(meta.get("dataset")).get("spec"),
-            shard=_parse(PoolShard, meta["shard"]) if "shard" in meta else None,
-            counts=_parse(PoolCounts, meta.get("counts")),
             raw=meta,
         )
 
