@@ -8,7 +8,7 @@ import typer
 from ggpo_cli import render
 from ggpo_cli.config_flags import with_config_flags
 
-from ggpo_offline.compare.config import CompareConfig
+from ggpo_offline.compare.config import ArcConfig, CompareConfig
 from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.core.settings import config_from
 from ggpo_offline.evaluate.config import EvalConfig
@@ -155,6 +155,16 @@ def compare(options: dict, settings: dict) -> None:
     render.print_compare_result(result)
 
 
+@app.command("arc-report")
+@with_config_flags(ArcConfig)
+def arc_report(settings: dict) -> None:
+    """The offline arc's report (make arc) from runs that several compares trained side by side."""
+    from ggpo_offline.compare.arc import arc_report as write
+
+    out = write(config_from(ArcConfig, settings))
+    print(f"wrote {out}/README.md")
+
+
 @app.command("build-tiny-model")
 @with_config_flags(TinyModelConfig)
 def build_tiny_model(settings: dict) -> None:
@@ -183,7 +193,12 @@ def measure_styles(settings: dict) -> None:
     if not (model_dir / "config.json").is_file():
         raise UserError(f"--model {model_dir}: not a model folder (no config.json)")
     report = measure(
-        model_dir, n_problems=config.num_problems, m=config.n, seed=config.seed, forced=config.forced
+        model_dir,
+        n_problems=config.num_problems,
+        m=config.n,
+        seed=config.seed,
+        forced=config.forced,
+        split=config.split,
     )
     render.print_style_report(report)
     if config.json_out is not None:

@@ -63,6 +63,8 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
     meta = summary["metadata"]
     table = Table(title=summary["path"], show_header=False)
     sampling = meta.get("sampling", {})
+    # Pools made before answer rules existed record none; their rewards came from math-verify.
+    answer_rule = meta.get("reward", {}).get("answer_rule") or "not recorded (an older pool: math-verify)"
     rows = [
         ("model", meta.get("model", {}).get("name")),
         (
@@ -71,6 +73,7 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
             f"({meta.get('dtype')})",
         ),
         ("dataset", meta.get("dataset", {}).get("spec")),
+        ("answer rule", answer_rule),
         (
             "sampling",
             ", ".join(
@@ -237,7 +240,8 @@ def print_compare_result(result) -> None:
         stdout.print(f"seed {seed}: data-order fingerprint {fingerprint} shared by all {runs} runs")
     stdout.print((result.report_dir / "table.md").read_text())
     stdout.print(
-        f"report: {result.report_dir}/README.md (table.md, table.csv, figure.png and one PNG per panel)"
+        f"report: {result.report_dir}/README.md (table.md, table.csv, counts.json, figure.png and one PNG "
+        "per panel)"
     )
     if result.parent_run_id is not None:
         stdout.print(f"MLflow parent run: {result.parent_run_id}")
@@ -245,7 +249,8 @@ def print_compare_result(result) -> None:
 
 def print_style_report(report: dict) -> None:
     """The `measure-styles` table: each style's share and accuracy (free sampling) and its forced accuracy."""
-    table = Table(title=f"{report['model']}: {report['n_problems']} arith test problems, n={report['m']}")
+    problems = f"{report['n_problems']} arith {report['split']} problems"
+    table = Table(title=f"{report['model']}: {problems}, n={report['m']}")
     table.add_column("style")
     table.add_column("share %", justify="right")
     table.add_column("accuracy %", justify="right")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, synthetic_rows, write_synthetic_pool
+from conftest import REPO, synthetic_metadata, synthetic_rows, write_synthetic_pool
 
 GGPO = [str(Path(sys.executable).parent / "ggpo")]
 
@@ -120,6 +120,23 @@ def test_bad_flag_values_are_one_line(tmp_path):
     assert_one_error_line(result, "--temperature must be > 0")
     result = ggpo("generate-pool", "--engine", "tgi", "--out", str(tmp_path / "q.parquet"))
     assert_one_error_line(result, "unknown --engine 'tgi'; choose one of vllm, hf")
+
+
+def test_pool_inspect_shows_the_pools_answer_rule(tmp_path, capsys, monkeypatch):
+    from ggpo_cli import render
+
+    from ggpo_offline.pool.inspect import pool_summary
+
+    monkeypatch.setattr(render.stdout, "_width", 200)  # one table row per line
+    shown = {}
+    for name, reward in [("number", {"answer_rule": "number"}), ("older", {"timeouts": 0})]:
+        pool = write_synthetic_pool(
+            tmp_path / f"{name}.parquet", metadata={**synthetic_metadata(4), "reward": reward}
+        )
+        render.print_summary(pool_summary(pool))
+        shown[name] = next(line for line in capsys.readouterr().out.splitlines() if "answer rule" in line)
+    assert shown["number"].split("answer rule")[1].strip(" │") == "number"
+    assert shown["older"].split("answer rule")[1].strip(" │") == "not recorded (an older pool: math-verify)"
 
 
 @pytest.mark.parametrize("what", ["validate", "inspect"])

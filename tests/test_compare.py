@@ -1,4 +1,4 @@
-"""`ggpo compare`: the data-plan check, tables over seeds, run reuse, and the report from a real pool."""
+"""`ggpo compare`: the data-plan check, run reuse, and the report from a real pool (tables: test_report)."""
 
 import csv
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
-from ggpo_offline.compare.report import FIGURES, RunRecord, check_data_plans, write_tables
+from ggpo_offline.compare.report import FIGURES, Counts, RunRecord, check_data_plans, write_tables
 from ggpo_offline.core.errors import UserError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -46,71 +46,6 @@ def test_compare_refuses_runs_of_a_seed_that_did_not_share_a_data_plan():
         check_data_plans(runs[:3] + [_record("ggpo", 2, "c")])
     with pytest.raises(UserError, match="trained on 2 different pools; refusing to report"):
         check_data_plans([_record("grpo", 1, pool="p"), _record("ggpo", 1, pool="q")])
-
-
-def test_tables_report_mean_and_sample_std_over_seeds(tmp_path):
-    finals = {
-        ("grpo", 1): (0.30, 0.60),
-        ("grpo", 2): (0.40, 0.70),
-        ("ggpo", 1): (0.50, 0.90),
-        ("ggpo", 2): (0.52, 0.80),
-    }
-    records = [
-        _record(method, seed, evals={0: _report(0.25, 0.5), 8: _report(*scores)})
-        for (method, seed), scores in finals.items()
-    ]
-    markdown = write_tables(records, ["grpo", "ggpo"], [1, 2], tmp_path)
-    grpo_std = statistics.stdev([30.0, 40.0])  # sample std, ddof = 1: 7.07
-    assert f"| 8 | 35.00 ± {grpo_std:.2f} | 51.00 ± 1.41 |" in markdown
-    assert "| 0 | 25.00 ± 0.00 | 25.00 ± 0.00 |" in markdown
-    assert f"| GRPO | 35.00 ± {grpo_std:.2f} | 35.00 ± {grpo_std:.2f} | 65.00 ± {grpo_std:.2f} |" in markdown
-    assert "| base model | 25.00 ± 0.00 | 25.00 ± 0.00 | 50.00 ± 0.00 | 0.00 ± 0.00 |" in markdown
-    # gain: each run's final mean@n minus its own update 0
-    assert f"| 65.00 ± {grpo_std:.2f} | 10.00 ± {grpo_std:.2f} |" in markdown
-    assert "| GGPO | 51.00 ± 1.41 | 51.00 ± 1.41 | 85.00 ± 7.07 | 26.00 ± 1.41 |" in markdown
-    with (tmp_path / "table.csv").open() as handle:
-        rows = list(csv.DictReader(handle))
-    row = next(
-        r for r in rows if r["table"] == "pass_at_k" and r["method"] == "ggpo" and r["metric"] == "pass@4"
-    )
-    assert float(row["mean"]) == pytest.approx(85.0) and float(row["std"]) == pytest.approx(
-        statistics.stdev([90, 80])
-    )
-    assert row["update"] == "8" and row["seeds"] == "2" and row["values"] == "90 80"
-
-
-def test_the_report_says_whether_the_papers_offline_findings_hold(tmp_path):
-    # mean@n at updates 0, 4 (mid-training) and 8 per (method, seed)
-    curves = {
-        ("grpo", 1): (0.3, 0.40, 0.50),
-        ("grpo", 2): (0.3, 0.42, 0.52),
-        ("grpo-tis", 1): (0.3, 0.35, 0.60),
-        ("grpo-tis", 2): (0.3, 0.37, 0.62),
-        ("agro", 1): (0.3, 0.50, 0.55),
-        ("agro", 2): (0.3, 0.50, 0.45),
-        ("ggpo", 1): (0.3, 0.50, 0.50),
-        ("ggpo", 2): (0.3, 0.50, 0.51),
-    }
-    records = [
-        _record(method, seed, evals={u: _report(v, v) for u, v in zip((0, 4, 8), values, strict=True)})
-        for (method, seed), values in curves.items()
-    ]
-    markdown = write_tables(records, ["grpo", "grpo-tis", "agro", "ggpo"], [1, 2], tmp_path)
-    assert (
-        "- GGPO ≥ AGRO (paper: at every evaluation) at update 8: **holds** here — GGPO 50.50 ± 0.71 vs"
-        " AGRO 50.00 ± 7.07 (the difference is within one seed std)." in markdown
-    )
-    assert (
-        "GRPO+TIS ≥ GRPO at mid-training (paper: 57.9 vs 38.4 at update 160) at update 4: **does not hold**"
-        in (markdown)
-    )
-    assert "- Leader at update 8: **GRPO+TIS** (61.00 ± 1.41; the paper's leader is GGPO)." in markdown
-    # Findings about methods that were not run are left out.
-    only = write_tables(
-        [r for r in records if r.method in ("grpo", "ggpo")], ["grpo", "ggpo"], [1, 2], tmp_path
-    )
-    assert "AGRO" not in only and "GRPO+TIS" not in only
-    assert "- Leader at update 8: **GRPO** (51.00 ± 1.41; the paper's leader is GGPO)." in only
 
 
 def test_compare_settings_are_checked_before_any_work(vllm_pool, tmp_path):
@@ -164,7 +99,7 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vl
     result = compare(config, engine=vllm_engine)
     report = tmp_path / "r"
     assert result.actions == {"grpo-s1": "train", "ggpo-s1": "train", "grpo-s2": "train", "ggpo-s2": "train"}
-    for name in ("table.md", "table.csv", "README.md", "compare.json"):
+    for name in ("table.md", "table.csv", "counts.json", "README.md", "compare.json"):
         assert (report / name).stat().st_size > 0
     for name in FIGURES:
         assert (report / name).read_bytes()[:8] == PNG_SIGNATURE
@@ -178,12 +113,15 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vl
     readme = (report / "README.md").read_text()
     assert all(fingerprint in readme for fingerprint in result.data_plans.values())
     assert "ggpo compare --pool" in readme and "--eval-k 1,2,4" in readme
+    assert "## Statistics" in readme and "crossed bootstrap over seeds and problems" in readme
 
     # The base model is evaluated once and shared; the table's entries are the seed means of the reports.
-    base_counts = {json.dumps(r.evals[0]["benchmarks"]["arith-test"]["counts"]) for r in result.records}
+    base_counts = {json.dumps(r.evals[0]["benchmarks"]["arith-validation"]["counts"]) for r in result.records}
     assert len(base_counts) == 1 and sorted(result.records[0].evals) == [0, 2, 4]
     grpo = [
-        r.evals[4]["benchmarks"]["arith-test"]["mean@n"] * 100 for r in result.records if r.method == "grpo"
+        r.evals[4]["benchmarks"]["arith-validation"]["mean@n"] * 100
+        for r in result.records
+        if r.method == "grpo"
     ]
     with (report / "table.csv").open() as handle:
         row = next(
@@ -192,6 +130,10 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vl
             if r["table"] == "accuracy" and r["method"] == "grpo" and r["update"] == "4"
         )
     assert float(row["mean"]) == pytest.approx(statistics.fmean(grpo), abs=1e-6)
+    # counts.json alone recomputes the tables.
+    (tmp_path / "again").mkdir()
+    write_tables(Counts.read(report / "counts.json"), tmp_path / "again")
+    assert (tmp_path / "again" / "table.md").read_text() == (report / "table.md").read_text()
 
     # MLflow: one parent, the runs nested under it, eval scores logged at the evaluated updates.
     client = MlflowClient(tracking_uri=uri)
@@ -199,9 +141,9 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vl
         run = client.get_run(record.result["run_id"])
         assert run.data.tags["mlflow.parentRunId"] == result.parent_run_id
         series = read_metric_series(uri, record.result["run_id"])
-        assert [step for step, _ in series["eval/arith-test/mean_at_4"]] == [0, 2, 4]
+        assert [step for step, _ in series["eval/arith-validation/mean_at_4"]] == [0, 2, 4]
     artifacts = {a.path for a in client.list_artifacts(result.parent_run_id, "report")}
-    assert {"report/table.md", "report/figure.png", "report/README.md"} <= artifacts
+    assert {"report/table.md", "report/counts.json", "report/figure.png", "report/README.md"} <= artifacts
 
     # Adding a seed trains only the new runs; finished runs are reused untouched.
     stamps = {p: p.stat().st_mtime_ns for p in (report / "runs").rglob("metrics.jsonl")}

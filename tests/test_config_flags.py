@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from ggpo_offline.compare.config import CompareConfig
+from ggpo_offline.compare.config import ArcConfig, CompareConfig
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import (
     choices,
@@ -40,6 +40,7 @@ COMMANDS = {
     "train": [(TrainOptions, ()), (TrainConfig, ())],
     "eval": [(EvalConfig, ())],
     "compare": [(CompareConfig, ("settings",)), (TrainConfig, PER_RUN)],
+    "arc-report": [(ArcConfig, ())],
     "build-tiny-model": [(TinyModelConfig, ())],
     "measure-styles": [(StylesConfig, ())],
     "pool score": [(ScoreConfig, ())],
@@ -111,7 +112,7 @@ def test_every_train_field_is_a_flag_and_a_config_file_key(tmp_path, monkeypatch
     assert all(values[name] != getattr(TrainConfig(), name) for name in values)
     expected = TrainConfig(**values)
     flags = to_flags(expected, TrainConfig)
-    assert len([word for word in flags if word.startswith("--")]) == len(values) + 1  # 2 eval datasets
+    assert len([word for word in flags if word.startswith("--")]) == len(values) + 2  # 2 eval, 2 test datasets
     assert run_cli(monkeypatch, capsys, trainer, "train", ["train", *flags]) == [expected]
 
     (tmp_path / "all.toml").write_text("".join(f"{name} = {toml(value)}\n" for name, value in values.items()))

@@ -174,6 +174,19 @@ def test_arith_specs():
     assert len(load_problems("arith:train")) == 1000
 
 
+def test_arith_validation_split_loads():
+    from ggpo_offline.generate.arith import arith_problems, split_of
+
+    validation = load_problems("arith:validation", limit=50)
+    assert validation == arith_problems("validation", 50)
+    assert {problem.source for problem in validation} == {"arith:validation"}
+    assert {split_of(problem.problem) for problem in validation} == {"validation"}
+    assert load_problems("arith", split="validation", limit=50) == validation
+    assert dataset_fingerprint("arith:validation", limit=5)["split"] == "validation"
+    test_questions = {problem.problem for problem in load_problems("arith:test")}
+    assert test_questions and not test_questions & {problem.problem for problem in validation}
+
+
 def test_fingerprints(tmp_path):
     path = real_file("gsm8k_test.jsonl")
     fingerprint = dataset_fingerprint(str(path), limit=10)
@@ -248,7 +261,8 @@ def test_bad_arguments(tmp_path):
     assert "not both" in user_error(str(path), answer_key="answer", solution_key="solution")
     assert "applies to arith and hf" in user_error(str(path), split="test")
     assert "limit must be a positive" in user_error(str(path), limit=0)
-    assert "unknown arith split 'dev'" in user_error("arith:dev")
+    expected = "unknown arith split 'dev': use arith:train, arith:validation or arith:test"
+    assert user_error("arith:dev") == expected
     assert "but split 'train' was also given" in user_error("arith:test", split="train")
     assert "apply to files and hf datasets" in user_error("arith", problem_key="question")
     assert "bad hf spec" in user_error("hf:")

@@ -105,12 +105,12 @@ def test_vllm_pool_is_valid_and_readable_without_this_package(vllm_pool, tiny_di
 
 
 @pytest.mark.vllm
-def test_vllm_pool_rewards_equal_a_fresh_math_verify(vllm_pool):
+def test_vllm_pool_rewards_equal_a_fresh_score_under_the_number_rule(vllm_pool):
     frame = pl.read_parquet(vllm_pool)
     for response, answer, reward, extracted in frame.select(
         "response", "answer", "reward", "extracted_answer"
     ).iter_rows():
-        fresh = score_response(response, answer)
+        fresh = score_response(response, answer, rule="number")  # arith: answer rule auto = number
         assert (fresh.reward, fresh.extracted_answer) == (reward, extracted)
     assert 0 < frame["reward"].mean() < 1  # the tiny model is neither hopeless nor perfect
     reward_meta = read_pool_metadata(vllm_pool)["reward"]

@@ -1,13 +1,16 @@
 """The shipped tiny model: char tokenizer, Qwen3 weights, and the recipe that rebuilds them."""
 
+import re
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
 
 from ggpo_offline.core.model_io import tiny_model_dir
-from ggpo_offline.generate.arith import ArithItem, arith_items
+from ggpo_offline.generate.arith import ArithItem, arith_items, split_of
 from ggpo_offline.generate.prompts import encode_prompt, format_prompt, resolve_template
-from ggpo_offline.organism.measure import _style_scores, evaluate_sampled_accuracy, last_boxed, measure_styles
+from ggpo_offline.generate.rewards import last_boxed_content as last_boxed
+from ggpo_offline.organism.measure import _style_scores, evaluate_sampled_accuracy, measure_styles
 from ggpo_offline.organism.styles import STYLES, style_of
 from ggpo_offline.organism.tiny import (
     IGNORE_INDEX,
@@ -120,6 +123,15 @@ def test_each_style_renders_and_is_told_apart_by_its_first_character():
     assert abs(sum(style.row_share for style in STYLES) - 1) < 1e-12
 
 
+def test_training_rows_hold_train_split_problems_only():
+    tokenizer = build_tokenizer()
+    examples, _ = _training_examples(tokenizer, 400, seed=0)
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for rows in examples for ids, _ in rows]
+    questions = {re.match(r"Question: (What is [^?]*\?)", text).group(1) for text in texts}
+    assert len(questions) == 400
+    assert {split_of(question) for question in questions} == {"train"}
+
+
 def test_pretraining_loss_scores_the_first_response_token_against_the_style_shares():
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
@@ -166,3 +178,45 @@ def test_forcing_a_marker_forces_the_style():
     assert set(report["forced"]) == {style.name for style in STYLES}
     assert abs(sum(scores["share"] for scores in report["styles"].values()) - 1) < 1e-9
     assert 0.0 <= report["accuracy"] <= report["pass_at_m"] <= 1.0
+
+
+def test_measuring_draws_validation_problems_unless_told_otherwise(monkeypatch):
+    from ggpo_offline.organism import measure as measure_module
+
+    drawn = []
+
+    def fake_sampling(model_dir, items, m, *args, **kwargs):
+        drawn.append(items)
+        return [["Quick: \\boxed{0}"] * m for _ in items]
+
+    monkeypatch.setattr(measure_module, "sample_responses", fake_sampling)
+    model_dir = tiny_model_dir()
+    runs = {
+        "validation": measure_module.measure_styles(model_dir, n_problems=30, m=2, forced=False),
+        "test": measure_module.measure_styles(model_dir, n_problems=30, m=2, forced=False, split="test"),
+    }
+    for (split, report), items in zip(runs.items(), drawn, strict=True):
+        assert report["split"] == split and {split_of(item.question) for item in items} == {split}
+    assert measure_module.evaluate_sampled_accuracy(model_dir, n_problems=30, m=2)["split"] == "validation"
+    assert {split_of(item.question) for item in drawn[-1]} == {"validation"}
+
+
+def test_measure_styles_command_passes_its_split(monkeypatch):
+    import sys
+
+    from ggpo_cli.main import main
+
+    from ggpo_offline.organism import measure as measure_module
+
+    received = []
+
+    def record(model_dir, **kwargs):
+        received.append(kwargs)
+        sys.exit(0)
+
+    monkeypatch.setattr(measure_module, "measure_styles", record)
+    for argv, split in ((["measure-styles"], "validation"), (["measure-styles", "--split", "test"], "test")):
+        monkeypatch.setattr(sys, "argv", ["ggpo", *argv])
+        with pytest.raises(SystemExit):
+            main()
+        assert received[-1]["split"] == split

@@ -362,9 +362,15 @@ def test_config_precedence_defaults_preset_file_flags(tmp_path):
     (tmp_path / "typed.yaml").write_text("updates: ten\n")
     with pytest.raises(UserError, match="updates must be int, got 'ten'"):
         resolve_config(None, tmp_path / "typed.yaml")
-    (tmp_path / "lists.toml").write_text('eval_datasets = ["arith:test", "m.jsonl"]\neval-ks = "1, 4"\n')
+    (tmp_path / "lists.toml").write_text(
+        'eval_datasets = ["arith:validation", "m.jsonl"]\neval-ks = "1, 4"\n'
+    )
     config = resolve_config(None, tmp_path / "lists.toml", eval_n=4)
-    assert (config.eval_datasets, config.eval_ks, config.eval_n) == (("arith:test", "m.jsonl"), (1, 4), 4)
+    assert (config.eval_datasets, config.eval_ks, config.eval_n) == (
+        ("arith:validation", "m.jsonl"),
+        (1, 4),
+        4,
+    )
     assert config.to_dict()["eval_ks"] == [1, 4]  # as stored in config.json and compared on --resume
     (tmp_path / "badlist.toml").write_text('eval_ks = ["one"]\n')
     with pytest.raises(UserError, match="eval_ks must be a list of int"):
@@ -376,43 +382,99 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     vllm_pool, vllm_engine, tiny_dir, tmp_path
 ):
     """In training the engine reloads weights in place; `ggpo eval` starts a fresh engine on the saved
-    checkpoint. With the same seed both must count exactly the same correct responses."""
+    checkpoint. With the same seed both must count exactly the same correct responses — on validation during
+    training, and on test, evaluated once at the end on a borrowed engine."""
     from test_cli import ggpo
 
     from ggpo_offline.evaluate.evaluator import Evaluator, evaluate
-    from ggpo_offline.train.evaluation import eval_config
+    from ggpo_offline.train.evaluation import eval_config, selected_update
     from ggpo_offline.train.run import RunFolder
 
     config = _config(
-        vllm_pool, tmp_path, eval_every=2, eval_n=4, eval_num_problems=12, eval_ks=(1, 2, 4), lr=2e-3
-    )
+        vllm_pool, tmp_path, eval_every=2, eval_n=4, eval_num_problems=12, eval_ks=(1, 2, 4), lr=2e-3,
+        test_num_problems=10,
+    )  # fmt: skip
     with Evaluator(eval_config(config, tiny_dir), engine=vllm_engine) as evaluator:
         result = train(config, evaluator=evaluator)
-    run = result.run_dir
-    assert sorted(p.name for p in (run / "eval").iterdir()) == [f"update-00000{u}.json" for u in (0, 2, 4)]
-    reports = {u: json.loads(RunFolder(run).eval_report(u).read_text()) for u in (0, 2, 4)}
+    run, folder = result.run_dir, RunFolder(result.run_dir)
+    assert sorted(p.name for p in (run / "eval").glob("*.json")) == [
+        f"update-00000{u}.json" for u in (0, 2, 4)
+    ]
+    reports = {u: json.loads(folder.eval_report(u).read_text()) for u in (0, 2, 4)}
+    assert all(list(r["benchmarks"]) == ["arith-validation"] for r in reports.values())
     logged = {r["update"]: r for r in _metrics(run) if "eval/suite/mean_at_4" in r}
     assert sorted(logged) == [0, 2, 4]
+    assert not any(key.startswith("eval/arith-test") for r in logged.values() for key in r)
     for update, report in reports.items():
-        assert logged[update]["eval/arith-test/mean_at_4"] == report["benchmarks"]["arith-test"]["mean@n"]
+        assert (
+            logged[update]["eval/arith-validation/mean_at_4"]
+            == report["benchmarks"]["arith-validation"]["mean@n"]
+        )
         assert logged[update]["eval/suite/pass_at_2"] == report["suite"]["pass@2"]
     assert reports[0]["settings"]["model"]["name"] == "embedded:tiny"
     assert reports[4]["settings"]["model"]["path"] == str(run / "checkpoints" / "update-000004")
 
-    out = tmp_path / "fresh.json"
-    fresh_run = ggpo(
-        "eval", "--model", str(run / "checkpoints" / "update-000004"), "--pool", str(vllm_pool),
-        "-n", "4", "--num-problems", "12", "-k", "1,2,4", "--out", str(out),
-    )  # fmt: skip
-    assert fresh_run.returncode == 0, fresh_run.stderr
-    fresh = json.loads(out.read_text())
-    assert fresh["benchmarks"]["arith-test"]["counts"] == reports[4]["benchmarks"]["arith-test"]["counts"]
+    # Test: once, at the end, for the base model, the checkpoint chosen on validation and the final one.
+    selected = folder.read_result()["selected_update"]
+    assert selected == selected_update(reports)
+    tests = folder.read_tests()
+    assert sorted(tests) == sorted({0, selected, 4}) and folder.read_evals().keys() == reports.keys()
+    assert all(
+        list(t["benchmarks"]) == ["arith-test"] and t["suite"]["num_problems"] == 10 for t in tests.values()
+    )
+
+    def fresh_eval(checkpoint: str, *flags: str) -> dict:
+        out = tmp_path / f"fresh-{len(list(tmp_path.glob('fresh-*')))}.json"
+        done = ggpo(
+            "eval", "--model", str(run / "checkpoints" / checkpoint), "--pool", str(vllm_pool), "-n", "4",
+            "-k", "1,2,4", *flags, "--out", str(out),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(out.read_text())
+
+    fresh = fresh_eval("update-000004", "--dataset", "arith:validation", "--num-problems", "12")
+    assert (
+        fresh["benchmarks"]["arith-validation"]["counts"]
+        == reports[4]["benchmarks"]["arith-validation"]["counts"]
+    )
     assert fresh["suite"] == reports[4]["suite"]
-    assert fresh["settings"]["dtype"] == reports[4]["settings"]["dtype"]
-    assert fresh["benchmarks"]["arith-test"]["counts"] != reports[0]["benchmarks"]["arith-test"]["counts"]
+    assert fresh["settings"]["dtype"] == reports[4]["settings"]["dtype"] == "float32"
+    assert (
+        fresh["benchmarks"]["arith-validation"]["counts"]
+        != reports[0]["benchmarks"]["arith-validation"]["counts"]
+    )
+    fresh_test = fresh_eval("update-000004", "--dataset", "arith:test", "--num-problems", "10")
+    assert fresh_test["benchmarks"]["arith-test"]["counts"] == tests[4]["benchmarks"]["arith-test"]["counts"]
     # The borrowed session engine got the embedded model's weights back.
     base = evaluate(eval_config(config, tiny_dir), engine=vllm_engine)
-    assert base["benchmarks"]["arith-test"]["counts"] == reports[0]["benchmarks"]["arith-test"]["counts"]
+    assert (
+        base["benchmarks"]["arith-validation"]["counts"]
+        == reports[0]["benchmarks"]["arith-validation"]["counts"]
+    )
+
+
+def test_checkpoint_selection_reads_validation_only_and_prefers_the_earliest_best():
+    from ggpo_offline.train.evaluation import selected_update
+
+    def report(mean: float) -> dict:
+        return {"suite": {"mean@n": mean}}
+
+    assert selected_update({0: report(0.3), 5: report(0.5), 10: report(0.5), 15: report(0.4)}) == 5
+    assert selected_update({0: report(0.6), 5: report(0.5)}) == 0
+    assert selected_update({20: report(0.1), 10: report(0.2)}) == 10
+
+
+def test_in_training_evaluation_refuses_the_test_split():
+    with pytest.raises(UserError, match="--eval-dataset arith:test: the in-training evaluation selects"):
+        resolve_config("tiny", None, eval_datasets=("arith:test",))
+    with pytest.raises(UserError, match="--eval-dataset m.jsonl: the in-training evaluation"):
+        resolve_config("tiny", None, eval_datasets=("m.jsonl",), test_datasets=("m.jsonl",))
+    allowed = resolve_config("tiny", None, eval_datasets=("arith:test",), allow_test_eval=True)
+    assert allowed.eval_datasets == ("arith:test",)
+    assert resolve_config("tiny").eval_datasets == ("arith:validation",)
+    assert resolve_config("tiny").test_datasets == ("arith:test",)
+    with pytest.raises(UserError, match="a --test-dataset is given twice"):
+        resolve_config(None, None, test_datasets=("arith:test", "arith:test"))
 
 
 def _logprobs_under(model_dir, batch) -> torch.Tensor:

@@ -9,13 +9,14 @@ from pathlib import Path
 
 from ggpo_offline import __version__
 from ggpo_offline.compare.config import CompareConfig
+from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.report import (
     FIGURES,
+    STATISTICS,
     RunRecord,
     check_data_plans,
     load_run,
-    write_figures,
-    write_tables,
+    write_report,
 )
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import to_flags
@@ -199,12 +200,11 @@ def compare(
         data_plans = check_data_plans(records)
         if parent.run_id is not None:
             _adopt_children(shared, parent.run_id, records)
-        write_tables(records, list(config.methods), list(config.seeds), report_dir)
-        write_figures(records, list(config.methods), list(config.seeds), report_dir)
+        write_report(records, list(config.methods), list(config.seeds), report_dir)
         write_readme(report_dir, config, planned, records, data_plans, parent.run_id)
         _write_marker(report_dir, config, planned, status="finished", data_plans=data_plans)
         parent.set_tags({f"data_order_fingerprint.seed{s}": f for s, f in data_plans.items()})
-        for name in ("table.md", "table.csv", "README.md", MARKER, *FIGURES):
+        for name in ("table.md", "table.csv", COUNTS_FILE, "README.md", MARKER, *FIGURES):
             parent.log_artifact(report_dir / name, "report")
     return CompareResult(
         report_dir, records, data_plans, parent.run_id, {r.config.run_name: r.action for r in planned}
@@ -293,7 +293,16 @@ def write_readme(
         "## Results",
         "",
         (report_dir / "table.md").read_text(),
-        "![eval accuracy, log ratio, ESS, gradient norm and entropy](figure.png)",
+        "![validation accuracy, log ratio, ESS, gradient norm and entropy](figure.png)",
+        "",
+        "## Statistics",
+        "",
+        STATISTICS,
+        "",
+        f"Files: `table.md` and `table.csv` (every number above), `{COUNTS_FILE}` (the per-problem correct"
+        " counts of every evaluation, validation and test, from which both tables are recomputed exactly:"
+        " `write_tables(Counts.read(path), folder)` with both from `ggpo_offline.compare.report`),"
+        " `figure.png` and one PNG per panel.",
         "",
         "## Pool",
         "",

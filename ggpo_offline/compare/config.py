@@ -1,4 +1,4 @@
-"""`ggpo compare`'s own settings: which methods and seeds on which pool, and where the report goes."""
+"""The settings of `ggpo compare` and `ggpo arc-report`: which runs on which pool, written where."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +16,7 @@ class CompareConfig:
     pool: Path = setting(Path("pools/base.parquet"), "Pool every run replays.")
     methods: tuple[str, ...] = setting(DEFAULT_METHODS, "Comma-separated learners.")
     seeds: tuple[int, ...] = setting(DEFAULT_SEEDS, "Comma-separated training seeds.")
-    preset: str | None = setting(None, "Training preset of every run: paper-offline or tiny.")
+    preset: str | None = setting(None, "Training preset of every run: paper-offline, tiny or arc.")
     config_file: Path | None = setting(
         None, "TOML/YAML/JSON file of training settings shared by all runs.", flag="config"
     )
@@ -28,3 +28,18 @@ class CompareConfig:
     @property
     def report_dir(self) -> Path:
         return self.out if self.out is not None else Path("reports") / Path(self.pool).stem
+
+
+@dataclass(frozen=True)
+class ArcConfig:
+    """What ``ggpo arc-report`` reads and where it writes."""
+
+    methods: tuple[str, ...] = setting(help="Comma-separated learners of the arc, in the report's order.")
+    parts: tuple[str, ...] = setting(help="Comma-separated compare report folders holding the runs.")
+    seeds: tuple[int, ...] = setting(DEFAULT_SEEDS, "Comma-separated training seeds.")
+    ablations: Path | None = setting(
+        None, "Folder of compare reports, one per ablation setting, each beside the default runs."
+    )
+    styles_seed: int = setting(42, "Seed whose runs are measured with measure-styles along the arc.")
+    styles_problems: int = setting(128, "Validation problems of each measure-styles (x 8 samples).")
+    out: Path = setting(Path("reports/arc"), "Report folder.")

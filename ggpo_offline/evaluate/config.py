@@ -22,8 +22,8 @@ class EvalConfig:
     model: str | None = setting(None, "Local Hugging Face model folder [default: the embedded tiny model].")
     datasets: tuple[str, ...] = setting(
         DEFAULT_DATASETS,
-        "A benchmark: arith[:train|test], a .jsonl/.json/.parquet file or hf:NAME[:SPLIT]; repeat for a "
-        "suite.",
+        "A benchmark: arith[:train|validation|test], a .jsonl/.json/.parquet file or hf:NAME[:SPLIT]; "
+        "repeat for a suite.",
         flag="dataset",
         repeat=True,
     )

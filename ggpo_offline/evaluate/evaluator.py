@@ -1,10 +1,9 @@
 """Evaluation (SPEC "Evaluation", paper Appendix C.1): mean@n and pass@k per benchmark and for the suite."""
 
-import dataclasses
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -19,11 +18,11 @@ from ggpo_offline.core.model_io import (
 )
 from ggpo_offline.evaluate.config import DEFAULT_ARITH_PROBLEMS, EvalConfig
 from ggpo_offline.evaluate.scores import aggregate, reported_ks
-from ggpo_offline.generate.datasets import load_dataset
+from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
 from ggpo_offline.generate.engines import Engine, SamplingSettings, load_engine
 from ggpo_offline.generate.problems import Problem
 from ggpo_offline.generate.prompts import Template, resolve_template, template_description
-from ggpo_offline.generate.rewards import RewardScorer
+from ggpo_offline.generate.rewards import AnswerRule, RewardScorer
 from ggpo_offline.generate.rollout import (
     RolloutTotals,
     encode_prompts,
@@ -57,6 +56,7 @@ class _Benchmark:
     prompt_ids: list[list[int]]
     dataset: dict
     skipped_long_prompts: int
+    answer_rule: AnswerRule
 
 
 def resolve_sampling(config: EvalConfig) -> tuple[SamplingSettings, Template, str]:
@@ -118,6 +118,10 @@ class Evaluator:
         _validate(config, self.sampling)
         self.datasets = [load_dataset(spec, **_dataset_kwargs(config, spec)) for spec in config.datasets]
         self.names = _benchmark_names([meta for _, meta in self.datasets])
+        self.rules = [
+            dataset_answer_rule(spec, config.columns.answer_rule, problems)
+            for spec, (problems, _) in zip(config.datasets, self.datasets, strict=True)
+        ]
         self._engine = engine
         self._owns_engine = engine is None
         self._engine_model = None if engine is None else resolve_model_dir(config.model)
@@ -126,6 +130,13 @@ class Evaluator:
         self._benchmarks: list[_Benchmark] = []
         self._scorer: RewardScorer | None = None  # kept across models: its workers take seconds to start
         self._done: dict[str, tuple] = {}
+
+    def lend(self, config: EvalConfig) -> "Evaluator":
+        """An Evaluator of another protocol (``config``'s benchmarks) on this one's engine, started if needed;
+        closing it gives the engine back holding the weights this one expects."""
+        if self._engine is None:
+            return Evaluator(config)
+        return Evaluator(replace(config, model=str(self._engine_model)), self._engine)
 
     def __enter__(self) -> "Evaluator":
         return self
@@ -193,8 +204,8 @@ class Evaluator:
         self._template = resolve_template(tokenizer, self.template_choice)
         prompt_limit = prompt_token_limit(model_dir, self.sampling.max_tokens)
         self._benchmarks = [
-            _benchmark(name, problems, meta, tokenizer, self._template, prompt_limit)
-            for name, (problems, meta) in zip(self.names, self.datasets, strict=True)
+            _benchmark(name, problems, meta, rule, tokenizer, self._template, prompt_limit)
+            for name, (problems, meta), rule in zip(self.names, self.datasets, self.rules, strict=True)
         ]
 
     def _load(self, model_dir: Path) -> None:
@@ -235,16 +246,18 @@ def evaluate(
 
 
 def _count_correct(engine, tokenizer, scorer, benchmarks, sampling, config, on_progress):
-    """Correct responses per problem ``{benchmark: {prompt_id: c}}``, the reward description with its
-    timeout/error counts, and the final progress; all benchmarks share one stream of engine calls."""
+    """Correct responses per problem ``{benchmark: {prompt_id: c}}``, the reward description with each
+    benchmark's answer rule and the timeout/error counts, and the final progress; all benchmarks share one
+    stream of engine calls."""
     problems = [p for b in benchmarks for p in b.problems]
     prompt_ids = [ids for b in benchmarks for ids in b.prompt_ids]
+    rules = [b.answer_rule for b in benchmarks for _ in b.problems]
     owner = [b.name for b in benchmarks for _ in b.problems]
     counts: dict[str, dict[str, int]] = {b.name: {} for b in benchmarks}
     progress = EvalProgress(problems_total=len(problems))
     timeouts_before, errors_before = scorer.timeouts, scorer.errors
     for batch in sample_and_score(
-        engine, tokenizer, scorer, problems, prompt_ids, sampling, config.batch_prompts
+        engine, tokenizer, scorer, problems, prompt_ids, sampling, config.batch_prompts, rules
     ):
         for offset, problem in enumerate(batch.problems):
             group = batch.results[offset * sampling.m : (offset + 1) * sampling.m]
@@ -255,7 +268,8 @@ def _count_correct(engine, tokenizer, scorer, benchmarks, sampling, config, on_p
         progress.responses += len(batch.results)
         if on_progress is not None:
             on_progress(progress)
-    reward = reward_description(config.reward_timeout_s)
+    reward = reward_description(config.reward_timeout_s, rules)
+    reward["answer_rule_by_benchmark"] = {b.name: b.answer_rule for b in benchmarks}
     reward.update(timeouts=scorer.timeouts - timeouts_before, errors=scorer.errors - errors_before)
     return counts, reward, progress
 
@@ -265,7 +279,7 @@ def _dataset_kwargs(config: EvalConfig, spec: str) -> dict:
     if limit is None and spec.split(":")[0] == "arith":
         limit = DEFAULT_ARITH_PROBLEMS
     return {
-        **dataclasses.asdict(config.columns),
+        **config.columns.column_keys(),
         "limit": limit,
         "seed": DATASET_SEED,
     }
@@ -291,7 +305,7 @@ def _benchmark_names(dataset_metas: list[dict]) -> list[str]:
     return list(names)
 
 
-def _benchmark(name, problems, dataset_meta, tokenizer, template, prompt_limit) -> _Benchmark:
+def _benchmark(name, problems, dataset_meta, rule, tokenizer, template, prompt_limit) -> _Benchmark:
     _, prompt_ids = encode_prompts(tokenizer, problems, template)
     keep = [i for i, ids in enumerate(prompt_ids) if len(ids) <= prompt_limit]
     if not keep:
@@ -305,6 +319,7 @@ def _benchmark(name, problems, dataset_meta, tokenizer, template, prompt_limit) 
         prompt_ids=[prompt_ids[i] for i in keep],
         dataset=dataset_meta,
         skipped_long_prompts=len(problems) - len(keep),
+        answer_rule=rule,
     )
 
 

@@ -1,4 +1,12 @@
-"""A built-in synthetic arithmetic task: five levels of + and - over digits, with worked solutions."""
+"""A built-in synthetic arithmetic task: five levels of + and - over digits, with worked solutions.
+
+Problems fall in three disjoint splits, decided by a canonical key rather than the question text, so that
+an answer-equivalent reordering of a problem (``8 + 2`` and ``2 + 8``; ``3 + 4 - 2`` and ``4 - 2 + 3``) is
+always in the same split as the problem: the key is the expression flattened into its signed terms
+(``9 - (3 + 2)`` gives +9 -3 -2) and sorted, and with h its sha256, a problem is in ``test`` iff
+h % 5 == 0, in ``validation`` iff h % 5 == 1, else in ``train`` (about 20/20/60 %). Design and tuning look at
+validation; test is for final numbers only.
+"""
 
 import hashlib
 import itertools
@@ -11,7 +19,8 @@ from typing import Literal
 from ggpo_offline.generate.problems import Problem
 
 LEVELS = (1, 2, 3, 4, 5)
-Split = Literal["train", "test"]
+Split = Literal["train", "validation", "test"]
+SPLITS: tuple[Split, ...] = ("train", "validation", "test")
 
 # Each level is a set of expression templates and the operand range that fills them. Every combination
 # whose intermediate values stay in [0, MAX_VALUE] is a problem, so each level is finite and enumerable.
@@ -122,13 +131,35 @@ def _steps(expr: _Expr) -> list[str]:
 
 
 def question_hash(question: str) -> str:
-    """Hex sha256 of the question text: both the split rule and the prompt id derive from it."""
+    """Hex sha256 of the question text: the prompt id derives from it (the split does not, see `split_of`)."""
     return hashlib.sha256(question.encode("utf-8")).hexdigest()
 
 
+def _signed_terms(expr: _Expr, sign: str = "+") -> list[str]:
+    """The expression as a sum of signed terms, parentheses opened: ``9 - (3 + 2)`` -> +9 -3 -2."""
+    if isinstance(expr, _Op) and expr.op in "+-":
+        flipped = {"+": "-", "-": "+"}[sign] if expr.op == "-" else sign
+        return _signed_terms(expr.left, sign) + _signed_terms(expr.right, flipped)
+    # A number, or a product (no level has one): one term, kept as written.
+    return [sign + _render(expr)]
+
+
+def canonical_key(question: str) -> str:
+    """The question's sorted signed terms (``What is 3 + 4 - 2?`` -> ``+3 +4 -2``): the same for every
+    reordering of the terms, which has the same answer."""
+    expression = question.removeprefix("What is ").removesuffix("?")
+    return " ".join(sorted(_signed_terms(_parse(expression))))
+
+
 def split_of(question: str) -> Split:
-    """A problem is in ``test`` iff its question's sha256 is 0 mod 5 (about 20%)."""
-    return "test" if int(question_hash(question), 16) % 5 == 0 else "train"
+    """The split of a problem, from the sha256 h of its `canonical_key`: ``test`` iff h % 5 == 0,
+    ``validation`` iff h % 5 == 1, else ``train`` (about 20/20/60 %).
+
+    Keying on the sorted signed terms, not the question text, puts every reordering of a problem
+    (``8 + 2`` and ``2 + 8``) in the same split, so no test or validation answer is learnable by heart from a
+    train problem with the same terms."""
+    remainder = int(hashlib.sha256(canonical_key(question).encode("utf-8")).hexdigest(), 16) % 5
+    return "test" if remainder == 0 else "validation" if remainder == 1 else "train"
 
 
 def _make_item(expression: str, level: int) -> ArithItem | None:
@@ -147,21 +178,29 @@ def _make_item(expression: str, level: int) -> ArithItem | None:
 
 
 @cache
-def level_items(level: int, split: Split) -> tuple[ArithItem, ...]:
-    """Every problem of a level in a split, in a fixed canonical order.
+def _all_level_items(level: int) -> tuple[ArithItem, ...]:
+    """Every problem of a level, all splits, in a fixed canonical order.
 
-    A question that an easier level also generates (``9 + 1`` fits levels 1 and 2) belongs to the
-    easier level only, so every question is unique across levels.
+    A question that an easier level also generates belongs to the easier level only, so every question is
+    unique across levels. (No two levels' templates overlap today; the rule keeps it so if one is added.)
+    The rule looks at the easier levels' problems of every split, so it can never move a question into a
+    second split.
     """
-    easier = {item.question for lower in LEVELS if lower < level for item in level_items(lower, split)}
+    easier = {item.question for lower in LEVELS if lower < level for item in _all_level_items(lower)}
     templates, operands = _LEVEL_TEMPLATES[level]
     items: dict[str, ArithItem] = {}
     for template in templates:
         for numbers in itertools.product(operands, repeat=template.count("{}")):
             item = _make_item(template.format(*numbers), level)
-            if item is not None and item.question not in easier and split_of(item.question) == split:
+            if item is not None and item.question not in easier:
                 items.setdefault(item.question, item)
     return tuple(items.values())
+
+
+@cache
+def level_items(level: int, split: Split) -> tuple[ArithItem, ...]:
+    """Every problem of a level in a split (see `split_of`), in a fixed canonical order."""
+    return tuple(item for item in _all_level_items(level) if split_of(item.question) == split)
 
 
 def level_size(level: int, split: Split) -> int:
@@ -175,8 +214,8 @@ def arith_items(split: Split, n: int, seed: int = 0) -> list[ArithItem]:
     Draws are without replacement and never depend on ``n``, so a larger ``n`` extends a smaller one.
     A level that runs out drops out of the draw, so the remaining levels fill the rest.
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be 'train', 'validation' or 'test', got {split!r}")
     remaining = {level: list(level_items(level, split)) for level in LEVELS}
     available = sum(len(items) for items in remaining.values())
     if n > available:

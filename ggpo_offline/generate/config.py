@@ -19,7 +19,7 @@ class GenerateConfig:
 
     model: str | None = setting(None, "Local Hugging Face model folder [default: the embedded tiny model].")
     dataset: str = setting(
-        "arith:train", "arith[:train|test], a .jsonl/.json/.parquet file, or hf:NAME[:SPLIT]."
+        "arith:train", "arith[:train|validation|test], a .jsonl/.json/.parquet file, or hf:NAME[:SPLIT]."
     )
     columns: DatasetColumns = setting(default_factory=DatasetColumns)
     num_prompts: int | None = setting(

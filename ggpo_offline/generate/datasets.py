@@ -10,13 +10,14 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import polars as pl
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.core.settings import setting
+from ggpo_offline.core.settings import check_choices, setting
 from ggpo_offline.generate.problems import Problem
-from ggpo_offline.generate.rewards import last_boxed_content
+from ggpo_offline.generate.rewards import AnswerRule, last_boxed_content, plain_number
 
 DEFAULT_ARITH_SIZE = 1000
 DEFAULT_HF_SPLIT = "train"
@@ -27,14 +28,59 @@ DEFAULT_SOLUTION_KEY = "solution"
 
 @dataclass(frozen=True)
 class DatasetColumns:
-    """Which columns of a file or hf dataset hold a problem and its gold answer (None: the usual names);
-    the settings generate-pool and eval share."""
+    """Which columns of a file or hf dataset hold a problem and its gold answer (None: the usual names),
+    and how a boxed answer is compared with the gold; the settings generate-pool and eval share."""
 
     problem_key: str | None = setting(None, "Problem column [default: problem, question or prompt].")
     answer_key: str | None = setting(None, "Gold answer column [default: answer].")
     solution_key: str | None = setting(
         None, "Solution column whose last \\boxed{} is the gold when there is no answer column."
     )
+    answer_rule: Literal["auto", "math-verify", "number"] = setting(
+        "auto",
+        "How the boxed answer is compared with the gold: math-verify (equivalent expressions count), number "
+        "(only a plain number equal to the gold counts) or auto (number for the built-in arith task, "
+        "math-verify otherwise).",
+    )
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+
+    def column_keys(self) -> dict:
+        """The column choices, as ``load_dataset``'s keyword arguments."""
+        return {
+            "problem_key": self.problem_key,
+            "answer_key": self.answer_key,
+            "solution_key": self.solution_key,
+        }
+
+
+def is_arith_spec(spec: str) -> bool:
+    """Whether ``spec`` names the built-in arith task (``arith`` or ``arith:SPLIT``), not a file."""
+    return spec == "arith" or spec.startswith("arith:")
+
+
+def resolve_answer_rule(spec: str, choice: str) -> AnswerRule:
+    """The answer rule of dataset ``spec``: ``choice``, with auto meaning number for the built-in arith
+    task (whose golds are integers, and where math-verify would also pay a box holding the question's own
+    expression) and math-verify for every other dataset."""
+    if choice == "auto":
+        return "number" if is_arith_spec(spec) else "math-verify"
+    return choice
+
+
+def dataset_answer_rule(spec: str, choice: str, problems: list[Problem]) -> AnswerRule:
+    """``resolve_answer_rule``, refused with a UserError when the number rule meets a gold that is not a
+    plain number (no response could ever score 1 on that problem)."""
+    rule = resolve_answer_rule(spec, choice)
+    if rule == "number":
+        for index, problem in enumerate(problems):
+            if plain_number(problem.answer) is None:
+                raise UserError(
+                    f"--answer-rule number needs plain-number gold answers, but row {index} (0-based) of "
+                    f"{spec} has gold {problem.answer!r}; use --answer-rule math-verify"
+                )
+    return rule
 
 
 _READERS = {
@@ -75,7 +121,7 @@ def load_problems(
     limit: int | None = None,
     seed: int = 0,
 ) -> list[Problem]:
-    """Problems from ``spec``: ``arith[:train|test]``, a ``.jsonl``/``.json``/``.parquet`` path, or
+    """Problems from ``spec``: ``arith[:train|validation|test]``, a ``.jsonl``/``.json``/``.parquet`` path, or
     ``hf:NAME[:SPLIT]`` (``hf:NAME:CONFIG:SPLIT`` when the dataset needs a config).
 
     Files and hf datasets keep their row order and ``limit`` takes the first rows; ``seed`` only drives
@@ -132,7 +178,7 @@ def _load(
 ) -> _Loaded:
     if limit is not None and limit < 1:
         raise UserError(f"limit must be a positive number of problems, got {limit}")
-    if spec == "arith" or spec.startswith("arith:"):
+    if is_arith_spec(spec):
         if problem_key or answer_key or solution_key:
             raise UserError("--problem-key, --answer-key and --solution-key apply to files and hf datasets")
         return _load_arith(spec, split, limit, seed)
@@ -158,8 +204,8 @@ def _load_arith(spec: str, split: str | None, limit: int | None, seed: int) -> _
     from ggpo_offline.generate.arith import arith_problems
 
     split = _split_from_spec(spec.partition(":")[2], split, "train")
-    if split not in ("train", "test"):
-        raise UserError(f"unknown arith split {split!r}: use arith:train or arith:test")
+    if split not in ("train", "validation", "test"):
+        raise UserError(f"unknown arith split {split!r}: use arith:train, arith:validation or arith:test")
     try:
         problems = arith_problems(split, DEFAULT_ARITH_SIZE if limit is None else limit, seed)
     except ValueError as error:

@@ -20,11 +20,11 @@ from ggpo_offline.core.model_io import (
 )
 from ggpo_offline.core.settings import leaf_values
 from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig, validate_generate_config
-from ggpo_offline.generate.datasets import load_dataset
+from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
 from ggpo_offline.generate.engines import Engine, load_engine
 from ggpo_offline.generate.problems import Problem
 from ggpo_offline.generate.prompts import resolve_template, template_description
-from ggpo_offline.generate.rewards import RewardScorer
+from ggpo_offline.generate.rewards import AnswerRule, RewardScorer
 from ggpo_offline.generate.rollout import (
     RolloutTotals,
     ScoredBatch,
@@ -58,7 +58,7 @@ def _dataset_kwargs(config: GenerateConfig) -> dict:
     if limit is None and config.dataset.split(":")[0] == "arith":
         limit = DEFAULT_ARITH_PROMPTS
     return {
-        **dataclasses.asdict(config.columns),
+        **config.columns.column_keys(),
         "limit": limit,
         "seed": config.sampling.seed,
     }
@@ -129,23 +129,24 @@ def generate_pool(
     out = Path(config.out)
     check_output_path(out, config.overwrite)  # before any slow work
     problems, dataset_meta = load_dataset(config.dataset, **_dataset_kwargs(config))
+    rule = dataset_answer_rule(config.dataset, config.columns.answer_rule, problems)
     model_dir = resolve_model_dir(config.model)
     tokenizer = load_tokenizer(model_dir)
     template = resolve_template(tokenizer, config.template)
     prompts = _shard_prompts(config, problems, tokenizer, template, model_dir)
 
     identity = {"weights_sha256": weights_sha256(model_dir), "tokenizer_sha256": tokenizer_sha256(tokenizer)}
-    partial = PartialRun(out, _run_settings(config, identity, dataset_meta, template), config.overwrite)
+    settings = _run_settings(config, identity, dataset_meta, template, rule)
+    partial = PartialRun(out, settings, config.overwrite)
     progress = _resumed_progress(partial, len(prompts.keep))
 
     owns_engine = engine is None
     if owns_engine:
         engine = _start_engine(config, model_dir, prompts.max_model_len)
     try:
-        _sample_and_store(config, engine, tokenizer, prompts, partial, progress, on_batch)
-        skipped_long = prompts.skipped_long
+        _sample_and_store(config, engine, tokenizer, prompts, rule, partial, progress, on_batch)
         metadata = _metadata(
-            config, model_dir, identity, tokenizer, engine, template, dataset_meta, progress, skipped_long
+            config, model_dir, identity, tokenizer, engine, template, dataset_meta, rule, progress, prompts
         )
         _add_run_totals(metadata, config, partial, dataset_prompts=len(problems))
         return _write_pool(out, config.overwrite, partial, metadata)
@@ -207,12 +208,13 @@ def _sample_and_store(
     engine: Engine,
     tokenizer,
     prompts: _Prompts,
+    rule: AnswerRule,
     partial: PartialRun,
     progress: Progress,
     on_batch: Callable[[Progress], None] | None,
 ) -> None:
-    """Sample and score the prompts no earlier run stored, storing each finished batch as a part of
-    ``partial`` with the counters it adds; refused when no group was kept at all."""
+    """Sample and score (answer ``rule``) the prompts no earlier run stored, storing each finished batch as
+    a part of ``partial`` with the counters it adds; refused when no group was kept at all."""
     remaining = prompts.keep[progress.prompts_done :]
     with RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer:
         batch_started = time.monotonic()
@@ -224,6 +226,7 @@ def _sample_and_store(
             [prompts.token_ids[i] for i in remaining],
             config.sampling,
             config.batch_prompts,
+            rule,
         ):
             chunk = remaining[batch.start : batch.start + len(batch.problems)]
             before = _counters(progress)
@@ -295,9 +298,12 @@ def _resumed_progress(partial: PartialRun, prompts_total: int) -> Progress:
     return progress
 
 
-def _run_settings(config: GenerateConfig, identity: dict, dataset_meta: dict, template: str) -> dict:
-    """What makes a stored batch reusable: same weights, tokenizer, prompts, sampling, filter and shard.
-    Batch size, reward workers and the output path are left out: they do not change a prompt's rows."""
+def _run_settings(
+    config: GenerateConfig, identity: dict, dataset_meta: dict, template: str, rule: AnswerRule
+) -> dict:
+    """What makes a stored batch reusable: same weights, tokenizer, prompts, sampling, answer rule, filter
+    and shard. Batch size, reward workers and the output path are left out: they do not change a prompt's
+    rows."""
     return {
         "tool_version": __version__,
         **identity,
@@ -310,13 +316,14 @@ def _run_settings(config: GenerateConfig, identity: dict, dataset_meta: dict, te
         "data_parallel_size": config.data_parallel_size,
         "mixed_only": config.mixed_only,
         "reward_timeout_s": config.reward_timeout_s,
+        "answer_rule": rule,
         "shard_index": config.shard_index,
         "num_shards": config.num_shards,
     }
 
 
 def _metadata(
-    config, model_dir, identity, tokenizer, engine, template, dataset_meta, progress, skipped_long
+    config, model_dir, identity, tokenizer, engine, template, dataset_meta, rule, progress, prompts
 ) -> dict:
     """The provenance stored in the pool footer under the ``ggpo_offline`` key."""
     described = engine.describe()
@@ -339,11 +346,11 @@ def _metadata(
         },
         "dataset": dataset_meta,
         "prompt_template": template_description(template),
-        "reward": reward_description(config.reward_timeout_s),
+        "reward": {"answer_rule": rule, **reward_description(config.reward_timeout_s, [rule])},
         "filter": {"mixed_only": config.mixed_only},
         "counts": {
             "prompts": progress.prompts_total,
-            "skipped_long_prompts": skipped_long,
+            "skipped_long_prompts": prompts.skipped_long,
             "groups": progress.groups_kept,
             "responses": progress.responses,
             "mixed_groups": progress.mixed_groups,

@@ -10,8 +10,9 @@ class Problem:
     prompt_id: str
     """Stable identifier: the same problem from the same source always gets the same id."""
     source: str
-    """Where the problem came from, e.g. ``arith:train`` or ``math500.jsonl``."""
+    """Where the problem came from, e.g. ``arith:train``, ``arith:validation`` or ``math500.jsonl``."""
     problem: str
     """The problem text shown to the model (before prompt formatting)."""
     answer: str
-    """Gold final answer, compared with the response's boxed answer by math-verify."""
+    """Gold final answer, compared with the response's last boxed answer under the dataset's answer rule
+    (``rewards.ANSWER_RULE_DESCRIPTIONS``: math-verify equivalence, or a plain number equal to it)."""

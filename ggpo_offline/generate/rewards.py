@@ -1,4 +1,4 @@
-"""The verifiable reward: the response's last boxed answer, checked against the gold answer by math-verify."""
+"""The verifiable reward: the last boxed answer of a response, checked against the gold by an answer rule."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache, partial
 from multiprocessing.pool import Pool
+from typing import Literal, get_args
 
 from math_verify import LatexExtractionConfig, parse, verify
 
@@ -22,8 +24,24 @@ EXTRACTION_RULE = "last_boxed"
 EXTRACTION_RULE_DESCRIPTION = (
     "the answer is the content of the last complete, brace-balanced \\boxed{...} in the response; "
     "a truncated \\boxed{ without its closing brace, \\boxed 5 without braces and unboxed text do not count; "
-    "the content is compared with the gold answer by math-verify (parse + verify)"
+    "the answer rule then compares the content with the gold answer"
 )
+
+AnswerRule = Literal["math-verify", "number"]
+"""How the boxed content is compared with the gold: see ``ANSWER_RULE_DESCRIPTIONS``."""
+ANSWER_RULES: tuple[AnswerRule, ...] = get_args(AnswerRule)
+ANSWER_RULE_DESCRIPTIONS: dict[str, str] = {
+    "math-verify": (
+        "math-verify parses the content and the gold and checks they are equivalent (parse + verify): "
+        "equal values in any form count, so a box holding an expression that evaluates to the gold, "
+        "such as the question's own \\boxed{3 + 4} for gold 7, scores 1"
+    ),
+    "number": (
+        "the content must be a plain decimal number (optional sign, digits, optional decimal part, "
+        "surrounding spaces allowed) numerically equal to the gold (7.0 and 07 equal 7); an expression, "
+        "equation or text scores 0 (status not_a_number); no math-verify is involved"
+    ),
+}
 
 # The pool is judged stalled when no item finishes for this long (the larger of the two): the soft
 # (signal) timeout can miss a computation stuck in C code, and a worker that dies loses its task. Generous,
@@ -35,6 +53,8 @@ MIN_HARD_LIMIT_S = 60.0
 POOL_STARTUP_GRACE_S = 120.0
 
 _PARSE_CONFIG = (LatexExtractionConfig(),)
+# ASCII digits only: Python's \d (and Decimal) would also take digits of other scripts.
+_PLAIN_NUMBER = re.compile(r"\s*([+-]?[0-9]+(?:\.[0-9]+)?)\s*", re.ASCII)
 # \boxed{ opens a box; \{ \} \\ are escapes that must not count as braces; { and } are plain braces.
 _BOX_TOKENS = re.compile(r"\\boxed\s*\{|\\[{}\\]|[{}]")
 
@@ -47,7 +67,8 @@ class RewardResult:
     extracted_answer: str | None
     """Content of the last complete \\boxed{...}, or None when the response has none."""
     status: str
-    """One of "ok", "no_box", "timeout", "error"."""
+    """One of "ok", "no_box", "not_a_number" (number rule: the box holds no plain number), "timeout",
+    "error"."""
 
 
 TIMEOUT_REPEAT_S = 0.05
@@ -138,16 +159,36 @@ def _drop_scoring_timeouts(hook, unraisable) -> None:
         hook(unraisable)
 
 
-def score_response(response: str, gold: str, timeout_s: float = 5.0) -> RewardResult:
-    """Score one response: 1.0 when its last boxed answer equals ``gold`` by math-verify, else 0.0.
+def plain_number(text: str) -> Decimal | None:
+    """The value of ``text`` when it is a plain decimal number (optional sign, ASCII digits, optional
+    decimal part, surrounding whitespace), else None: ``" -7.50 "`` -> -7.50, ``"3 + 4"`` -> None."""
+    match = _PLAIN_NUMBER.fullmatch(text)
+    return Decimal(match.group(1)) if match else None
 
-    Never raises: a parse/verify that runs past ``timeout_s`` scores 0 with status "timeout", any
-    exception scores 0 with status "error". The time limit uses SIGALRM, so it applies only when called
-    from a process's main thread (``score_batch`` workers always are).
+
+def _check_rule(rule: str) -> None:
+    if rule not in ANSWER_RULES:
+        raise ValueError(f"unknown answer rule {rule!r}; choose one of {', '.join(ANSWER_RULES)}")
+
+
+def score_response(
+    response: str, gold: str, timeout_s: float = 5.0, rule: AnswerRule = "math-verify"
+) -> RewardResult:
+    """Score one response: 1.0 when its last boxed answer equals ``gold`` under ``rule``, else 0.0.
+
+    ``rule`` "math-verify": math-verify decides equivalence (an expression equal to the gold counts);
+    "number": the box must hold a plain number equal to the gold, anything else scores 0 with status
+    "not_a_number" (see ``ANSWER_RULE_DESCRIPTIONS``). Never raises for any response or gold (an unknown
+    ``rule`` is a ValueError): a parse/verify that runs past ``timeout_s`` scores 0 with status "timeout",
+    any exception scores 0 with status "error". The time limit uses SIGALRM, so it applies only when
+    called from a process's main thread (``score_batch`` workers always are).
     """
+    _check_rule(rule)
     extracted = last_boxed_content(response)
     if extracted is None:
         return RewardResult(0.0, None, "no_box")
+    if rule == "number":
+        return _score_number(extracted, gold)
     try:
         with _time_limit(timeout_s):
             gold_parsed = list(_parse_gold(gold))
@@ -159,6 +200,17 @@ def score_response(response: str, gold: str, timeout_s: float = 5.0) -> RewardRe
     except Exception:
         return RewardResult(0.0, extracted, "error")
     return RewardResult(1.0 if correct else 0.0, extracted, "ok")
+
+
+def _score_number(extracted: str, gold: str) -> RewardResult:
+    # No time limit: a regex without nested repeats and one Decimal comparison are linear in the length.
+    gold_value = plain_number(gold)
+    if gold_value is None:
+        return RewardResult(0.0, extracted, "error")  # the number rule needs a numeric gold
+    value = plain_number(extracted)
+    if value is None:
+        return RewardResult(0.0, extracted, "not_a_number")
+    return RewardResult(1.0 if value == gold_value else 0.0, extracted, "ok")
 
 
 def verify_answer(response: str, gold: str) -> float:
@@ -176,9 +228,10 @@ def _init_worker() -> None:
 class ScoringHandle:
     """The pending scores of one submitted batch; ``get()`` waits for them."""
 
-    def __init__(self, scorer: RewardScorer, pairs: list[tuple[str, str]]) -> None:
+    def __init__(self, scorer: RewardScorer, pairs: list[tuple[str, str]], rules: list[AnswerRule]) -> None:
         self._scorer = scorer
         self._pairs = pairs
+        self._rules = rules
         self._submitted_at = time.monotonic()
         self._finished: queue.Queue[tuple[int, RewardResult]] = queue.Queue()
         self._partial: list[RewardResult | None] = [None] * len(pairs)
@@ -228,7 +281,8 @@ class RewardScorer:
     progress for ``hard_limit_s`` (default: the larger of 60 s and 4 × timeout_s), the items the workers
     were stuck on score 0 with status "timeout", the pool is replaced, and every item still queued is
     scored by the new pool: a stall costs only the stuck items. ``workers=0`` scores in the calling
-    process, time-limited only on its main thread. Counters: ``timeouts``, ``errors``, ``restarts``.
+    process, time-limited only on its main thread. The answer rule is given per ``submit``, so one scorer
+    serves benchmarks with different rules. Counters: ``timeouts``, ``errors``, ``restarts``.
     """
 
     def __init__(self, workers: int, timeout_s: float = 5.0, hard_limit_s: float | None = None) -> None:
@@ -282,7 +336,7 @@ class RewardScorer:
         response, gold = handle._pairs[index]
         self._pool.apply_async(
             score_response,
-            (response, gold, self.timeout_s),
+            (response, gold, self.timeout_s, handle._rules[index]),
             callback=partial(handle._on_result, index),
             error_callback=partial(handle._on_error, index),
         )
@@ -295,12 +349,21 @@ class RewardScorer:
         self.timeouts += sum(result.status == "timeout" for result in results)
         self.errors += sum(result.status == "error" for result in results)
 
-    def submit(self, pairs: Sequence[tuple[str, str]]) -> ScoringHandle:
-        """Start scoring ``pairs``; ``handle.get()`` returns the results in the same order."""
-        handle = ScoringHandle(self, list(pairs))
+    def submit(
+        self, pairs: Sequence[tuple[str, str]], rule: AnswerRule | Sequence[AnswerRule] = "math-verify"
+    ) -> ScoringHandle:
+        """Start scoring ``pairs`` under answer ``rule`` (one for all pairs, or one per pair);
+        ``handle.get()`` returns the results in the same order. An unknown rule is a ValueError."""
+        pairs = list(pairs)
+        rules = [rule] * len(pairs) if isinstance(rule, str) else list(rule)
+        if len(rules) != len(pairs):
+            raise ValueError(f"{len(rules)} answer rules for {len(pairs)} pairs")
+        for name in set(rules):
+            _check_rule(name)  # here, not in a worker, where it would only read as status "error"
+        handle = ScoringHandle(self, pairs, rules)
         if self._pool is None:
-            for index, (response, gold) in enumerate(handle._pairs):
-                handle._finished.put((index, score_response(response, gold, self.timeout_s)))
+            for index, ((response, gold), name) in enumerate(zip(pairs, rules, strict=True)):
+                handle._finished.put((index, score_response(response, gold, self.timeout_s, name)))
         else:
             for index in range(len(handle._pairs)):
                 self._apply(handle, index)
@@ -320,9 +383,15 @@ class RewardScorer:
         self.close()
 
 
-def score_batch(pairs: Sequence[tuple[str, str]], workers: int, timeout_s: float = 5.0) -> list[RewardResult]:
-    """Score (response, gold) pairs in ``workers`` spawned processes (0: in this process), in order."""
+def score_batch(
+    pairs: Sequence[tuple[str, str]],
+    workers: int,
+    timeout_s: float = 5.0,
+    rule: AnswerRule | Sequence[AnswerRule] = "math-verify",
+) -> list[RewardResult]:
+    """Score (response, gold) pairs under answer ``rule`` in ``workers`` spawned processes (0: in this
+    process), in order."""
     if not pairs:
         return []
     with RewardScorer(workers, timeout_s) as scorer:
-        return scorer.submit(pairs).get()
+        return scorer.submit(pairs, rule).get()

@@ -1,7 +1,7 @@
 """Problems in, scored samples out: the steps shared by pool generation and evaluation."""
 
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -11,8 +11,10 @@ from ggpo_offline.generate.engines import Engine, Sample, SamplingSettings, prom
 from ggpo_offline.generate.problems import Problem
 from ggpo_offline.generate.prompts import encode_prompt, format_prompt
 from ggpo_offline.generate.rewards import (
+    ANSWER_RULE_DESCRIPTIONS,
     EXTRACTION_RULE,
     EXTRACTION_RULE_DESCRIPTION,
+    AnswerRule,
     RewardResult,
     RewardScorer,
 )
@@ -101,8 +103,10 @@ def sample_and_score(
     prompt_ids: list[list[int]],
     sampling: SamplingSettings,
     batch_prompts: int,
+    rule: AnswerRule | Sequence[AnswerRule] = "math-verify",
 ) -> Iterator[ScoredBatch]:
-    """Sample ``sampling.m`` responses per problem, decode and score them, one batch at a time, in order.
+    """Sample ``sampling.m`` responses per problem, decode and score them under answer ``rule`` (one for
+    all problems, or one per problem), one batch at a time, in order.
 
     Each problem samples from ``prompt_seed(sampling.seed, prompt_id)``, so its responses do not depend
     on batching. The rewards of a batch are computed by the scorer's workers while the engine samples
@@ -122,7 +126,10 @@ def sample_and_score(
         pairs = [
             (text, p.answer) for p, group in zip(batch_problems, responses, strict=True) for text in group
         ]
-        handle = scorer.submit(pairs)
+        rules = rule
+        if not isinstance(rule, str):  # a problem's rule, once for each of its responses
+            rules = [rule[start + i] for i, group in enumerate(responses) for _ in group]
+        handle = scorer.submit(pairs, rules)
         if pending is not None:
             yield _scored(*pending)
         pending = (start, batch_problems, samples, responses, handle)
@@ -134,12 +141,14 @@ def _scored(start, problems, samples, responses, handle) -> ScoredBatch:
     return ScoredBatch(start, problems, samples, responses, handle.get())
 
 
-def reward_description(timeout_s: float) -> dict:
-    """What a pool's metadata and an evaluation report record about the reward."""
+def reward_description(timeout_s: float, rules: Collection[AnswerRule] = ("math-verify",)) -> dict:
+    """What a pool's metadata and an evaluation report record about the reward: the extraction, and what
+    each answer rule in ``rules`` means."""
     return {
         "extraction_rule": EXTRACTION_RULE,
         "description": EXTRACTION_RULE_DESCRIPTION,
-        "verifier": f"math-verify {_package_version('math-verify')}",
+        "answer_rules": {rule: ANSWER_RULE_DESCRIPTIONS[rule] for rule in sorted(set(rules))},
+        "verifier": f"math-verify {_package_version('math-verify')}" if "math-verify" in rules else None,
         "timeout_s": timeout_s,
     }
 

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggpo_offline.core.settings import setting
+from ggpo_offline.generate.arith import Split
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,8 @@ class StylesConfig:
     """What ``ggpo measure-styles`` samples and where it writes the full report."""
 
     model: Path | None = setting(None, "Model folder [default: the embedded tiny model].")
-    num_problems: int = setting(256, "Arith test problems.")
+    num_problems: int = setting(256, "Arith problems to sample.")
+    split: Split = setting("validation", "Arith split: design and tuning look at validation, never test.")
     n: int = setting(8, "Responses per problem.")
     seed: int = setting(0, "Sampling seed.")
     forced: bool = setting(True, "Also sample with each style forced.")

@@ -1,4 +1,4 @@
-"""Measuring the tiny model by sampling it: accuracy on arith test problems, and its solution styles."""
+"""Measuring the tiny model by sampling it: accuracy on arith problems of a split, and its solution styles."""
 
 from collections import defaultdict
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ggpo_offline.generate.arith import ArithItem, arith_items
-from ggpo_offline.generate.rewards import last_boxed_content as last_boxed  # the pool's extraction rule
+from ggpo_offline.generate.arith import ArithItem, Split, arith_items
+from ggpo_offline.generate.rewards import score_response
 from ggpo_offline.organism.styles import STYLES, style_of
 from ggpo_offline.organism.tiny import prompt_ids
 
@@ -63,13 +63,14 @@ def evaluate_sampled_accuracy(
     temperature: float = 1.0,
     max_new_tokens: int = 96,
     problem_seed: int = 0,
+    split: Split = "validation",
 ) -> dict:
-    """Sample ``m`` responses per arith test problem and score the last boxed answer against the gold one.
+    """Sample ``m`` responses per arith problem of ``split``; score each last boxed answer against the gold.
 
     Reports overall and per-level accuracy and the share of prompts whose group is mixed (some right, some
     wrong): only mixed groups give a group-relative policy gradient any signal.
     """
-    items = arith_items("test", n_problems, problem_seed)
+    items = arith_items(split, n_problems, problem_seed)
     responses = sample_responses(model_dir, items, m, seed, temperature, max_new_tokens)
     correct_counts = [_correct_count(item, texts) for item, texts in zip(items, responses, strict=True)]
     per_level: dict[int, list[int]] = defaultdict(lambda: [0, 0])
@@ -78,6 +79,7 @@ def evaluate_sampled_accuracy(
         per_level[item.level][1] += m
     return {
         "n_problems": len(items),
+        "split": split,
         "m": m,
         "seed": seed,
         "problem_seed": problem_seed,
@@ -100,15 +102,16 @@ def measure_styles(
     max_new_tokens: int = 96,
     problem_seed: int = 0,
     forced: bool = True,
+    split: Split = "validation",
 ) -> dict:
     """Each style's share of the samples and its accuracy, and (``forced``) each style's accuracy when forced.
 
-    Free sampling (temperature 1) on ``n_problems`` arith test problems gives mean@m, pass@m and, per style
-    (told by a response's first character), its share and accuracy, overall and per level. Forcing a style's
-    marker as the first characters and sampling the rest gives its accuracy alone: forcing the best style
-    measures the ceiling that selection among the model's own behaviours can reach.
+    Free sampling (temperature 1) on ``n_problems`` arith problems of ``split`` gives mean@m, pass@m and, per
+    style (told by a response's first character), its share and accuracy, overall and per level. Forcing a
+    style's marker as the first characters and sampling the rest gives its accuracy alone: forcing the best
+    style measures the ceiling that selection among the model's own behaviours can reach.
     """
-    items = arith_items("test", n_problems, problem_seed)
+    items = arith_items(split, n_problems, problem_seed)
     free = sample_responses(model_dir, items, m, seed, max_new_tokens=max_new_tokens)
     scores = _style_scores(items, free)
     forced_accuracy = {}
@@ -117,13 +120,19 @@ def measure_styles(
             model_dir, items, m, seed, max_new_tokens=max_new_tokens, prefix=style.marker
         )
         forced_accuracy[style.name] = _style_scores(items, responses)["accuracy"]
-    settings = {"model": str(model_dir), "n_problems": len(items), "m": m, "seed": seed}
+    settings = {"model": str(model_dir), "split": split, "n_problems": len(items), "m": m, "seed": seed}
     return {**settings, **scores, "forced": forced_accuracy}
 
 
+def is_right(response: str, item: ArithItem) -> bool:
+    """Whether the response earns reward 1 under the arith pool's and eval's own scorer (answer rule
+    number: the last box must hold a plain number equal to the gold)."""
+    return score_response(response, item.answer, rule="number").reward == 1.0
+
+
 def _correct_count(item: ArithItem, responses: list[str]) -> int:
-    """How many responses' last boxed answer is the gold answer."""
-    return sum(last_boxed(text) == item.answer for text in responses)
+    """How many responses are right (``is_right``)."""
+    return sum(is_right(text, item) for text in responses)
 
 
 def _style_scores(items: list[ArithItem], responses: list[list[str]]) -> dict:
@@ -131,7 +140,7 @@ def _style_scores(items: list[ArithItem], responses: list[list[str]]) -> dict:
     tally: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])  # (style, level) -> [right, total]
     for item, texts in zip(items, responses, strict=True):
         for text in texts:
-            right = last_boxed(text) == item.answer
+            right = is_right(text, item)
             for key in ((style_of(text), item.level), (style_of(text), 0), ("all", item.level), ("all", 0)):
                 tally[key][0] += right
                 tally[key][1] += 1

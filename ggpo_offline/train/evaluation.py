@@ -11,15 +11,15 @@ from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
 from ggpo_offline.train.run import RunFolder
 
 
-def eval_config(config: TrainConfig, initial_model: Path) -> EvalConfig:
-    """``ggpo eval``'s protocol for this run: the run's benchmarks and seed, the pool's sampling and dtype,
-    starting from the run's initial model."""
+def eval_config(config: TrainConfig, initial_model: Path, test: bool = False) -> EvalConfig:
+    """``ggpo eval``'s protocol for this run: the run's validation (or, with ``test``, test) benchmarks and
+    seed, the pool's sampling and dtype, starting from the run's initial model."""
     return EvalConfig(
         model=str(initial_model),
-        datasets=tuple(config.eval_datasets),
+        datasets=tuple(config.test_datasets if test else config.eval_datasets),
         n=config.eval_n,
         ks=tuple(config.eval_ks),
-        num_problems=config.eval_num_problems,
+        num_problems=config.test_num_problems if test else config.eval_num_problems,
         pool=Path(config.pool),
         seed=config.eval_seed,
         engine=config.eval_engine,
@@ -32,6 +32,12 @@ def eval_due(config: TrainConfig, update: int) -> bool:
     if config.eval_every is None:
         return False
     return update % config.eval_every == 0 or update == config.updates
+
+
+def selected_update(evals: dict[int, dict]) -> int:
+    """The checkpoint a run reports: the best suite mean@n on validation, the earliest among equals (a later
+    update must do better to be chosen)."""
+    return max(sorted(evals), key=lambda update: (evals[update]["suite"]["mean@n"], -update))
 
 
 def eval_metrics(report: dict) -> dict[str, float]:
@@ -86,6 +92,24 @@ class CheckpointEvaluations:
             metrics = eval_metrics(report)
         barrier(self.ranks)  # the other ranks wait for rank 0's evaluation
         return metrics
+
+    def test(self, folder: RunFolder) -> int | None:
+        """After the last update: evaluate the test benchmarks once, on the selected checkpoint
+        (`selected_update` over the validation reports in ``folder``), the final one and the initial model
+        (each run's base, for gains); returns the
+        selected update (None when evaluation is off). Test scores go to their own reports only, never into
+        what selection reads."""
+        if self.config.eval_every is None:
+            return None
+        selected = selected_update(folder.read_evals()) if self.ranks.main else None
+        if self.ranks.main and self.config.test_datasets and not self.config.no_test:
+            # The test protocol borrows the running engine: starting another costs more than the evaluation.
+            with self.evaluator.lend(eval_config(self.config, self.initial_model, test=True)) as test:
+                for update in sorted({0, selected, self.config.updates}):
+                    weights = self.initial_model if update == 0 else folder.checkpoint(update)
+                    write_json(test.evaluate(weights), folder.test_report(update))
+        barrier(self.ranks)
+        return selected
 
     def close(self) -> None:
         if self.owned:

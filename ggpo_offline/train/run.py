@@ -18,10 +18,17 @@ from ggpo_offline.train.layout import (
     METRICS_FILE,
     RESULT_FILE,
     STATE_FILE,
+    TEST_FOLDER,
 )
 
 if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
     from ggpo_offline.train.distributed import Ranks
+
+
+def _reports_by_update(folder: Path) -> dict[int, dict]:
+    paths = sorted(folder.glob("update-*.json"))
+    return {int(p.stem.removeprefix("update-")): json.loads(p.read_text()) for p in paths}
+
 
 FLUSH_EVERY = 20
 """Without checkpoints, metrics still reach the tracker and metrics.jsonl this often (updates)."""
@@ -53,7 +60,12 @@ class RunFolder:
         return self.path / CHECKPOINTS / f"{CHECKPOINT_PREFIX}{update:06d}"
 
     def eval_report(self, update: int) -> Path:
+        """The in-training (validation) evaluation of ``update``."""
         return self.path / EVAL_FOLDER / f"update-{update:06d}.json"
+
+    def test_report(self, update: int) -> Path:
+        """The held-out test evaluation of ``update`` (the selected and the final checkpoint only)."""
+        return self.path / EVAL_FOLDER / TEST_FOLDER / f"update-{update:06d}.json"
 
     def is_empty(self) -> bool:
         return not self.path.exists() or not any(self.path.iterdir())
@@ -82,9 +94,12 @@ class RunFolder:
         return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
 
     def read_evals(self) -> dict[int, dict]:
-        """Evaluation reports by update."""
-        paths = sorted((self.path / EVAL_FOLDER).glob("update-*.json"))
-        return {int(p.stem.removeprefix("update-")): json.loads(p.read_text()) for p in paths}
+        """In-training (validation) evaluation reports by update."""
+        return _reports_by_update(self.path / EVAL_FOLDER)
+
+    def read_tests(self) -> dict[int, dict]:
+        """Test evaluation reports by update ({} for a run that evaluated no test split)."""
+        return _reports_by_update(self.path / EVAL_FOLDER / TEST_FOLDER)
 
     def append_metrics(self, records: list[dict]) -> None:
         with self.metrics_file.open("a") as handle:
@@ -212,8 +227,9 @@ class Run:
         self.history.extend(self.pending)
         self.pending = []
 
-    def finish(self, final: Path, fingerprints: dict) -> None:
-        """result.json, written last: the run is complete."""
+    def finish(self, final: Path, fingerprints: dict, selected_update: int | None = None) -> None:
+        """result.json, written last: the run is complete. ``selected_update``: the checkpoint the run reports
+        (best validation score), None without evaluation."""
         from ggpo_offline.core import tracking
         from ggpo_offline.evaluate.evaluator import write_json
 
@@ -229,5 +245,6 @@ class Run:
                 **fingerprints,
                 "updates": self.config.updates,
                 "final_model": str(final),
+                "selected_update": selected_update,
             }
             write_json(result, self.folder.result_file)

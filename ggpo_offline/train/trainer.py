@@ -269,7 +269,8 @@ def train(
             while trainer.update < config.updates:
                 _update(trainer, run, evaluations, inputs, on_update)
             final = _finish(trainer, run, evaluations)
-    run.finish(final, inputs.fingerprints)
+        selected = evaluations.test(run.folder)
+    run.finish(final, inputs.fingerprints, selected)
     fingerprints = inputs.fingerprints
     return TrainResult(
         run.folder.path,

@@ -9,7 +9,19 @@ from ggpo_offline.core.settings import setting
 
 EngineName = Literal["vllm", "hf"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-"""An engine's weight dtype: auto (the engine's choice) or a torch dtype."""
+"""An engine's weight dtype: auto (the dtype the weights are stored in, `stored_dtype`) or a torch dtype."""
+
+
+def stored_dtype(model_dir: Path) -> str | None:
+    """The weight dtype a model folder's config.json declares (``dtype``, or ``torch_dtype`` in older
+    transformers), or None when it declares none."""
+    import json
+
+    config = Path(model_dir) / "config.json"
+    if not config.is_file():
+        return None
+    declared = json.loads(config.read_text())
+    return declared.get("dtype") or declared.get("torch_dtype")
 
 
 @dataclass(frozen=True)

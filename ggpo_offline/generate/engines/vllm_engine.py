@@ -7,10 +7,19 @@ import torch
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import eos_token_ids
-from ggpo_offline.generate.engines.base import Sample, SamplingSettings, cut_at_eos
+from ggpo_offline.generate.engines.base import Sample, SamplingSettings, cut_at_eos, stored_dtype
 
 # Log-probs of the distribution actually sampled from (after temperature / top-p / top-k).
 LOGPROBS_MODE = "processed_logprobs"
+
+
+def engine_dtype(model_dir: Path, dtype: str) -> str:
+    """vLLM's dtype for ours: "auto" keeps float32 weights in float32. vLLM's own "auto" runs them in bf16 on
+    CPUs with bf16 units (fp16/bf16 on GPUs), so a float32 model's pool would depend on the processor; weights
+    stored in bf16/fp16 (real checkpoints) are left to vLLM, which keeps them."""
+    if dtype == "auto" and stored_dtype(model_dir) == "float32":
+        return "float32"
+    return dtype
 
 
 def prepare_environment(gpu_memory_fraction: float | None = None) -> dict:
@@ -66,7 +75,7 @@ class VllmEngine:
             self.llm = LLM(
                 model=str(model_dir),
                 tokenizer=str(model_dir),
-                dtype=dtype,
+                dtype=engine_dtype(model_dir, dtype),
                 seed=seed,
                 max_model_len=max_model_len,
                 logprobs_mode=LOGPROBS_MODE,

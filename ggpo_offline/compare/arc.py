@@ -1,0 +1,241 @@
+"""`ggpo arc-report`: the offline arc (docs/arc/) from runs that several compares trained side by side — the
+comparison report, the ablations beside the default settings, and the style shares along the arc."""
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from ggpo_offline import __version__
+from ggpo_offline.compare import stats
+from ggpo_offline.compare.comparison import MARKER
+from ggpo_offline.compare.config import ArcConfig
+from ggpo_offline.compare.report import STATISTICS, write_report
+from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run
+from ggpo_offline.compare.tables import display
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.pool.info import PoolInfo
+from ggpo_offline.pool.inspect import pool_summary
+from ggpo_offline.train.run import RunFolder
+
+ABLATIONS_FILE = "ablations.md"
+STYLES_FILE = "styles.md"
+
+
+def arc_report(config: ArcConfig) -> Path:
+    """Write the arc's report into ``config.out``: tables (`write_report`), ablations.md and styles.md."""
+    if config.styles_seed not in config.seeds:  # else no run to measure, and styles_along has no records
+        raise UserError(
+            f"--styles-seed {config.styles_seed} is not one of --seeds {','.join(map(str, config.seeds))}"
+        )
+    records = _records(config.parts, config.methods, config.seeds)
+    check_data_plans(records)
+    out = config.out
+    out.mkdir(parents=True, exist_ok=True)
+    write_report(records, list(config.methods), list(config.seeds), out)
+    if config.ablations is not None:
+        (out / ABLATIONS_FILE).write_text(ablation_table(records, _ablation_parts(config.ablations)))
+    by_run = {(r.method, r.seed): r for r in records}
+    chosen = [by_run[(m, config.styles_seed)] for m in config.methods if (m, config.styles_seed) in by_run]
+    (out / STYLES_FILE).write_text(styles_along(chosen, config.styles_problems, out / "styles.json"))
+    write_readme(config, records)
+    return out
+
+
+def write_readme(config: ArcConfig, records: list[RunRecord]) -> None:
+    """The arc's README: what ran, the tables, the ablations, the style shares and how to recompute them."""
+    out = config.out
+    info = PoolInfo.from_metadata(pool_summary(Path(records[0].config["pool"])).get("metadata", {}))
+    settings = records[0].config
+    refresh = [r.config["ref_refresh"] for r in records if r.config.get("ref_refresh") is not None]
+    sections = [
+        "# The offline arc on the embedded model (`make arc`)",
+        "",
+        f"Written by ggpo-offline {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by"
+        f" `ggpo arc-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}.",
+        f"Methods: {', '.join(display(m) for m in config.methods)};"
+        f" seeds {', '.join(map(str, config.seeds))};"
+        f" pool `{settings['pool']}` ({info.model.name}, `{info.dataset_spec}`, m = {info.sampling.m});"
+        f" U = {settings['updates']} updates of G = {settings['groups_per_batch']} groups, lr"
+        f" {settings['lr']}, β {settings['beta']}, T_ref {refresh[0] if refresh else 'never'} (learners"
+        " that refresh π_ref), validation"
+        f" evaluation every {settings['eval_every']} updates ({settings['eval_num_problems']} problems ×"
+        f" {settings['eval_n']}), test once per run at the end ({settings['test_num_problems']} problems).",
+        "Within a seed every method replays the same minibatches in the same order.",
+        "",
+        "## Statistics",
+        "",
+        STATISTICS,
+        "",
+        "## Results",
+        "",
+        (out / "table.md").read_text(),
+        "![validation accuracy, log ratio, ESS, gradient norm and entropy](figure.png)",
+        "",
+    ]
+    for name, title in ((ABLATIONS_FILE, "Ablations"), (STYLES_FILE, "What the learners select")):
+        if (out / name).is_file():
+            sections += [f"## {title}", "", (out / name).read_text(), ""]
+    sections += [
+        "## Raw data",
+        "",
+        "`counts.json` holds every evaluation's per-problem correct counts (validation and test, every"
+        " method, seed and update); `table.md` and `table.csv` are recomputed from it alone"
+        " (`tests/test_report.py` checks the committed copy). `styles.json` holds the full"
+        " measure-styles reports.",
+        "",
+    ]
+    (out / "README.md").write_text("\n".join(sections))
+
+
+def _part_records(part: Path) -> list[RunRecord]:
+    """The finished runs a compare report folder lists in its marker."""
+    marker = part / MARKER
+    if not marker.is_file():
+        raise UserError(f"{part}: no {MARKER}; give folders written by ggpo compare")
+    records = []
+    for name, run in json.loads(marker.read_text())["runs"].items():
+        if not RunFolder(Path(run["folder"])).is_finished():  # a compare stopped early lists it all the same
+            continue
+        method, _, seed = name.rpartition("-s")
+        records.append(load_run(Path(run["folder"]), method, int(seed)))
+    return records
+
+
+def _records(parts: tuple[str, ...], methods: tuple[str, ...], seeds: tuple[int, ...]) -> list[RunRecord]:
+    """Every method x seed run, seed-major, from the parts' runs; UserError for a missing or doubled run."""
+    found: dict[tuple[str, int], RunRecord] = {}
+    for part in parts:
+        for record in _part_records(Path(part)):
+            key = (record.method, record.seed)
+            if key in found:
+                raise UserError(f"{record.method} seed {record.seed} is in two of the parts")
+            found[key] = record
+    missing = [f"{m}-s{s}" for s in seeds for m in methods if (m, s) not in found]
+    if missing:
+        raise UserError(f"the parts hold no finished run {', '.join(missing)}")
+    return [found[(m, s)] for s in seeds for m in methods]
+
+
+def _ablation_parts(folder: Path) -> dict[str, list[RunRecord]]:
+    """Each ablation's runs by its folder name (e.g. beta-0.003)."""
+    return {p.name: _part_records(p) for p in sorted(folder.iterdir()) if (p / MARKER).is_file()}
+
+
+def validation_points(record: RunRecord, update: int) -> np.ndarray:
+    """Per-problem mean@n in points at one validation evaluation, ``[1, problems]`` in prompt-id order."""
+    report = record.evals[update]
+    counts = {p: c for scores in report["benchmarks"].values() for p, c in scores["counts"].items()}
+    return 100.0 * np.array([[counts[p] for p in sorted(counts)]], dtype=float) / report["n"]
+
+
+def _peak(record: RunRecord) -> int:
+    """The validation evaluation with the best mean@n, the earliest among equals."""
+    return max(sorted(record.evals), key=lambda u: (record.evals[u]["suite"]["mean@n"], -u))
+
+
+def ablation_table(defaults: list[RunRecord], ablations: dict[str, list[RunRecord]]) -> str:
+    """The paper's Table 6 axes on validation: each setting's peak and final beside the default run of the
+    same method and seed, with paired intervals (problems resampled; one seed)."""
+    by_run = {(r.method, r.seed): r for r in defaults}
+    lines = [
+        "### Ablations on validation (mean@n %, one seed): peak and final beside the default settings",
+        "",
+        "| setting | method | seed | peak (update) | final | final − default final [95 %] | peak − default"
+        " peak [95 %] |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, records in ablations.items():
+        for record in records:
+            default = by_run.get((record.method, record.seed))
+            if default is None:
+                continue
+            final, peak = max(record.evals), _peak(record)
+            final_gap = stats.paired_interval(
+                validation_points(record, final) - validation_points(default, max(default.evals))
+            )
+            peak_gap = stats.paired_interval(
+                validation_points(record, peak) - validation_points(default, _peak(default))
+            )
+            lines.append(
+                f"| {name} | {display(record.method)} | {record.seed} | "
+                f"{validation_points(record, peak).mean():.2f} ({peak}) | "
+                f"{validation_points(record, final).mean():.2f} | {_verdict(final_gap)} | "
+                f"{_verdict(peak_gap)} |"
+            )
+    lines += ["", _defaults_line(defaults, ablations), ""]
+    return "\n".join(lines)
+
+
+def _defaults_line(defaults: list[RunRecord], ablations: dict[str, list[RunRecord]]) -> str:
+    shown = {(r.method, r.seed) for records in ablations.values() for r in records}
+    parts = []
+    for record in defaults:
+        if (record.method, record.seed) in shown:
+            peak, final = _peak(record), max(record.evals)
+            parts.append(
+                f"{display(record.method)} seed {record.seed}: peak "
+                f"{validation_points(record, peak).mean():.2f} at {peak}, final "
+                f"{validation_points(record, final).mean():.2f}"
+            )
+    return "Default settings (the arc preset): " + "; ".join(parts) + "."
+
+
+def _verdict(interval: stats.Interval) -> str:
+    return f"{interval.text()} {'resolved' if interval.resolved else 'not resolved'}"
+
+
+def styles_along(records: list[RunRecord], problems: int, json_out: Path) -> str:
+    """`measure-styles --no-forced` on validation at update 0, each run's selected checkpoint and its final
+    one: which behaviours a learner moves to, including output no style of the pool opens with ("other")."""
+    from ggpo_offline.organism.measure import measure_styles
+
+    measured: dict[str, dict] = {}
+    initial = Path(records[0].evals[0]["settings"]["model"]["path"])  # what update 0 evaluated
+    rows = [("base model", 0, initial), *_checkpoints(records)]
+    for label, update, model_dir in rows:
+        key = f"{label} @ {update}"
+        measured[key] = measure_styles(model_dir, n_problems=problems, forced=False, split="validation")
+    json_out.write_text(json.dumps(measured, indent=2) + "\n")
+    return styles_table(measured, problems, records[0].seed)
+
+
+def _checkpoints(records: list[RunRecord]) -> list[tuple[str, int, Path]]:
+    rows = []
+    for record in records:
+        selected = record.result.get("selected_update")
+        final = record.result["updates"]
+        for update in sorted({u for u in (selected, final) if u}):
+            rows.append((display(record.method), update, RunFolder(record.run_dir).checkpoint(update)))
+    return rows
+
+
+def styles_table(measured: dict[str, dict], problems: int, seed: int) -> str:
+    """One row per measured checkpoint: mean@8, then each style's share of the samples and its accuracy."""
+    names = sorted({name for report in measured.values() for name in report["styles"]}, key=_style_order)
+    lines = [
+        f"### Style shares along the arc (seed {seed}; `measure-styles --no-forced`, {problems} validation"
+        " problems × 8)",
+        "",
+        "Each cell: share of the samples opening with that style, then (in parentheses) how often those are"
+        " right. *other*: samples that open with no style marker, which the pool never shows.",
+        "",
+        "| checkpoint | mean@8 | " + " | ".join(names) + " |",
+        "|---|---:|" + "---:|" * len(names),
+    ]
+    for key, report in measured.items():
+        cells = []
+        for name in names:
+            style = report["styles"].get(name)
+            if style is None:
+                cells.append("0%")
+                continue
+            right = "–" if style["accuracy"] is None else f"{100 * style['accuracy']:.0f}%"
+            cells.append(f"{100 * style['share']:.0f}% ({right})")
+        lines.append(f"| {key} | {100 * report['accuracy']:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""])
+
+
+def _style_order(name: str) -> tuple[int, str]:
+    return (name == "other", name)

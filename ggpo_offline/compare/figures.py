@@ -1,0 +1,110 @@
+"""The report's figures: validation accuracy over updates and one seed's training diagnostics (Figure 4)."""
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from ggpo_offline.compare.paired import At, Scores
+from ggpo_offline.compare.pairwise import headline
+from ggpo_offline.compare.runs import RunRecord
+from ggpo_offline.compare.tables import display
+from ggpo_offline.train.learners import learner
+
+FIGURES = ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png", "entropy.png")
+
+
+def _series(record: RunRecord, key: str) -> tuple[list[int], list[float]]:
+    points = [(r["update"], r[key]) for r in record.metrics if r.get(key) is not None]
+    return [u for u, _ in points], [v for _, v in points]
+
+
+def _plot_accuracy(ax, scores: Scores, methods: list[str]) -> None:
+    counts = scores.counts
+    scope, updates = headline(scores, "validation"), counts.updates("validation")
+    for method in methods:
+        cells = [scores.cell(method, At("validation", scope, u)) for u in updates]
+        means = [c.mean for c in cells]
+        stds = [0.0 if math.isnan(c.std) else c.std for c in cells]
+        style = learner(method).style
+        ax.plot(updates, means, marker="o", markersize=3, label=display(method), **style)
+        low = [m - s for m, s in zip(means, stds, strict=True)]
+        high = [m + s for m, s in zip(means, stds, strict=True)]
+        ax.fill_between(updates, low, high, color=style["color"], alpha=0.18, linewidth=0)
+    ax.set_title(f"validation {scope} mean@{counts.n['validation']} (%), ±1 std over seeds")
+    ax.set_xlabel("optimizer updates")
+
+
+def _plot_diagnostic(ax, records: list[RunRecord], key: str, title: str, log: bool) -> None:
+    for record in records:
+        updates, values = _series(record, key)
+        if log:
+            values = [max(v, 1e-12) for v in values]  # an exact 0 cannot sit on a log axis
+        marker = "o" if len(values) <= 20 else None  # sparse series (block ESS): show where the points are
+        style = learner(record.method).style
+        ax.plot(
+            updates,
+            values,
+            label=display(record.method),
+            linewidth=1.2,
+            marker=marker,
+            markersize=3,
+            **style,
+        )
+    if log:
+        ax.set_yscale("log")
+    ax.set_title(f"{title} (seed {records[0].seed})")
+    ax.set_xlabel("optimizer updates")
+
+
+def _panels(records: list[RunRecord], scores: Scores, methods: list[str]) -> list[tuple[str, Callable]]:
+    """(file name, draw function on an Axes) for each panel: the paper's Figure 4, then the entropy."""
+    first = [r for r in records if r.seed == scores.counts.seeds[0]]
+    first.sort(key=lambda r: methods.index(r.method))
+    return [
+        ("accuracy.png", lambda ax: _plot_accuracy(ax, scores, methods)),
+        (
+            "log_ratio.png",
+            lambda ax: _plot_diagnostic(ax, first, "mismatch/drift", "token-mean |log π_θ/μ|", log=True),
+        ),
+        (
+            "ess.png",
+            lambda ax: _plot_diagnostic(ax, first, "mismatch/ess_block", "normalized sequence ESS", log=True),
+        ),
+        (
+            "grad_norm.png",
+            lambda ax: _plot_diagnostic(ax, first, "optim/grad_norm", "gradient norm", log=False),
+        ),
+        (
+            "entropy.png",
+            lambda ax: _plot_diagnostic(ax, first, "policy/entropy", "token entropy (nats)", log=False),
+        ),
+    ]
+
+
+def write_figures(records: list[RunRecord], scores: Scores, methods: list[str], out: Path) -> list[Path]:
+    """figure.png (the paper's Figure 4 panels and the entropy, side by side) and one PNG per panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    panels = _panels(records, scores, methods)
+    written = []
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), constrained_layout=True)
+    for ax, (_, draw) in zip(axes, panels, strict=True):
+        draw(ax)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncol=len(labels), frameon=False)
+    figure.savefig(out / "figure.png", dpi=120)
+    plt.close(figure)
+    written.append(out / "figure.png")
+    for name, draw in panels:
+        figure, ax = plt.subplots(figsize=(5.2, 3.8), constrained_layout=True)
+        draw(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(frameon=False, fontsize="small")
+        figure.savefig(out / name, dpi=120)
+        plt.close(figure)
+        written.append(out / name)
+    return written

@@ -1,0 +1,93 @@
+"""Per-problem scores in points and the paired intervals between them, read from a comparison's counts."""
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggpo_offline.compare import stats
+from ggpo_offline.compare.counts import Counts
+from ggpo_offline.evaluate.scores import pass_at_k
+
+MEAN = "mean@n"
+
+
+@dataclass(frozen=True)
+class At:
+    """Where a score is read: a split, one of its benchmarks (or the suite), and a checkpoint — an update,
+    or SELECTED (each run's checkpoint chosen on validation)."""
+
+    split: str
+    scope: str
+    checkpoint: int | str
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table entry: the mean and sample standard deviation of a score over seeds (points)."""
+
+    values: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def std(self) -> float:
+        """Sample std (ddof = 1) as the paper reports it; NaN with a single seed."""
+        return statistics.stdev(self.values) if len(self.values) > 1 else math.nan
+
+    def text(self) -> str:
+        return f"{self.mean:.2f}" if math.isnan(self.std) else f"{self.mean:.2f} ± {self.std:.2f}"
+
+
+Term = tuple[int, str, At]
+"""(sign, method, where): one side of a contrast."""
+
+
+class Scores:
+    """The comparison's scores and paired intervals; an interval, once computed, is kept (the report asks for
+    the same ones in several tables)."""
+
+    def __init__(self, counts: Counts):
+        self.counts = counts
+        self._intervals: dict[tuple, stats.Interval] = {}
+
+    def points(self, method: str, at: At, metric: str = MEAN) -> np.ndarray:
+        """Per-problem score in points, ``[seeds, problems]``: mean@n is 100·c/n, pass@k its unbiased
+        per-problem estimate (SPEC "Evaluation")."""
+        correct = self.counts.matrix(method, at.split, at.scope, at.checkpoint)
+        n = self.counts.n[at.split]
+        if metric == MEAN:
+            return 100.0 * correct / n
+        k = int(metric.removeprefix("pass@"))
+        by_count = np.array([100.0 * pass_at_k(n, c, k) for c in range(n + 1)])
+        return by_count[correct]
+
+    def cell(self, method: str, at: At, metric: str = MEAN) -> Cell:
+        """Mean ± sample std over seeds of each seed's mean over problems."""
+        return Cell(tuple(math.fsum(row) / len(row) for row in self.points(method, at, metric).tolist()))
+
+    def contrast(self, terms: tuple[Term, ...], metric: str = MEAN) -> stats.Interval:
+        """The paired interval of Σ sign · score, problem by problem within each seed (points)."""
+        key = (terms, metric)
+        if key not in self._intervals:
+            total = sum(sign * self.points(method, at, metric) for sign, method, at in terms)
+            self._intervals[key] = stats.paired_interval(total)
+        return self._intervals[key]
+
+    def difference(
+        self, a: str, b: str, at: At, at_b: At | None = None, metric: str = MEAN
+    ) -> stats.Interval:
+        """``a`` at ``at`` minus ``b`` at ``at_b`` (default: the same place), paired by seed and problem."""
+        return self.contrast(((1, a, at), (-1, b, at_b or at)), metric)
+
+    def improvement(self, a: str, b: str, at: At, metric: str = MEAN) -> float:
+        """The probability that ``a`` beats ``b`` (stats.probability_of_improvement)."""
+        return stats.probability_of_improvement(self.points(a, at, metric), self.points(b, at, metric))
+
+    def peak(self, method: str, split: str, scope: str) -> int:
+        """The update of ``method``'s highest seed-mean mean@n on ``split`` (the earliest among equals)."""
+        updates = self.counts.updates(split)
+        return max(updates, key=lambda update: (self.cell(method, At(split, scope, update)).mean, -update))

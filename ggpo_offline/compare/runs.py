@@ -1,0 +1,56 @@
+"""A finished run as the report reads it, and the check that a comparison's runs share pool and data plan."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.train.run import RunFolder
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A finished run as the report reads it: settings, fingerprints, evaluations and metric records."""
+
+    method: str
+    seed: int
+    run_dir: Path
+    config: dict
+    result: dict
+    evals: dict[int, dict]
+    """Validation evaluation report per update."""
+    metrics: list[dict]
+    tests: dict[int, dict] = field(default_factory=dict)
+    """Test evaluation report per update: the selected and the final checkpoint ({} when not tested)."""
+
+
+def load_run(run_dir: Path, method: str, seed: int) -> RunRecord:
+    """Read a finished run folder written by ``ggpo train`` (config.json, result.json, eval/, metrics)."""
+    folder = RunFolder(run_dir)
+    return RunRecord(
+        method=method,
+        seed=seed,
+        run_dir=run_dir,
+        config=folder.read_config(),
+        result=folder.read_result(),
+        evals=folder.read_evals(),
+        metrics=folder.read_metrics(),
+        tests=folder.read_tests(),
+    )
+
+
+def check_data_plans(records: list[RunRecord]) -> dict[int, str]:
+    """The data-order fingerprint of each seed; UserError when runs of a seed (or the pool) disagree."""
+    pools = {r.result["pool_fingerprint"] for r in records}
+    if len(pools) > 1:
+        raise UserError(f"the runs were trained on {len(pools)} different pools; refusing to report")
+    plans: dict[int, str] = {}
+    for record in records:
+        fingerprint = record.result["data_order_fingerprint"]
+        first = plans.setdefault(record.seed, fingerprint)
+        if fingerprint != first:
+            others = [r for r in records if r.seed == record.seed]
+            listing = ", ".join(f"{r.run_dir.name} {r.result['data_order_fingerprint'][:12]}" for r in others)
+            raise UserError(
+                f"seed {record.seed}: the runs do not share one data plan ({listing}); refusing to report"
+            )
+    return plans

@@ -1,0 +1,295 @@
+"""`ggpo arc-report`: the arc's runs gathered from several compare reports, the ablations beside the default
+runs, the style shares along the arc, and the report folder it writes (measure-styles replaced: no model)."""
+
+import json
+import sys
+import types
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import synthetic_metadata, write_synthetic_pool
+from test_cli import assert_one_error_line, ggpo
+from test_report import _record, _report
+
+from ggpo_offline.compare.arc import _records, ablation_table, arc_report, styles_table
+from ggpo_offline.compare.comparison import MARKER
+from ggpo_offline.compare.config import ArcConfig
+from ggpo_offline.compare.counts import COUNTS_FILE, Counts
+from ggpo_offline.compare.report import write_tables
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.evaluate.scores import aggregate
+from ggpo_offline.train.run import RunFolder
+
+BASE_MODEL = "models/tiny"
+N = 8  # samples per problem: one more correct answer is +12.5 points on that problem
+
+
+def _scored(report: dict, model: str = BASE_MODEL) -> dict:
+    """An evaluation report as the evaluator writes it: suite scores beside the counts, the model it read."""
+    counts = {name: scores["counts"] for name, scores in report["benchmarks"].items()}
+    return report | aggregate(counts, report["n"], report["ks"]) | {"settings": {"model": {"path": model}}}
+
+
+def _run(method: str, seed: int, evals: dict[int, list[int]]):
+    """A finished run in memory from validation counts per update (``test_report``'s builder, scored)."""
+    record = _record(method, seed, evals, n=N)
+    return replace(record, evals={u: _scored(r) for u, r in record.evals.items()})
+
+
+def _write_run(folder: Path, seed: int, evals: dict[int, list[int]], config: dict | None = None) -> Path:
+    """A run folder as ``ggpo train`` leaves it: config, validation and test reports, result.json last."""
+    run = RunFolder(folder)
+    final = max(evals)
+    selected = max(sorted(evals), key=lambda u: (sum(evals[u]), -u))
+    reports = [(run.eval_report(u), "arith-validation", u) for u in evals]
+    reports += [(run.test_report(u), "arith-test", u) for u in {selected, final}]
+    for path, name, update in reports:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        model = str(run.checkpoint(update)) if update else BASE_MODEL
+        path.write_text(json.dumps(_scored(_report(name, evals[update], N), model)))
+    run.config_file.write_text(json.dumps(config or {}))
+    run.metrics_file.write_text(json.dumps({"update": 0, "mismatch/drift": 0.01}) + "\n")
+    fingerprints = {"pool_fingerprint": "pool", "data_order_fingerprint": f"plan-{seed}"}
+    run.result_file.write_text(json.dumps(fingerprints | {"updates": final, "selected_update": selected}))
+    return folder
+
+
+def _part(folder: Path, runs: dict[str, Path]) -> Path:
+    """A compare report folder: its marker naming each run's folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = {"status": "finished", "runs": {name: {"folder": str(path)} for name, path in runs.items()}}
+    (folder / MARKER).write_text(json.dumps(marker))
+    return folder
+
+
+BASE = [2, 2, 2, 2]  # 25 %
+ARC_RUNS = {  # validation counts of 4 problems out of 8 at updates 0, 4, 8
+    ("grpo", 42): {0: BASE, 4: [4] * 4, 8: [3] * 4},  # selected 4, final 8
+    ("grpo", 1234): {0: BASE, 4: [3] * 4, 8: [3] * 4},
+    ("ggpo", 42): {0: BASE, 4: [4] * 4, 8: [6] * 4},  # selected = final = 8
+    ("ggpo", 1234): {0: BASE, 4: [5] * 4, 8: [6] * 4},
+}
+
+
+def _arc_parts(root: Path, config: dict | None = None, runs: dict = ARC_RUNS) -> tuple[Path, Path]:
+    """Two compare reports as `make arc` runs them side by side: one per method, every seed in each."""
+    parts = []
+    for method in ("grpo", "ggpo"):
+        folder = root / f"part-{method}"
+        written = {
+            f"{m}-s{s}": _write_run(folder / "runs" / f"{m}-s{s}", s, evals, config)
+            for (m, s), evals in runs.items()
+            if m == method
+        }
+        parts.append(_part(folder, written))
+    return parts[0], parts[1]
+
+
+def test_runs_are_gathered_from_the_parts_seed_major(tmp_path):
+    grpo, ggpo_part = _arc_parts(tmp_path)
+    records = _records((str(ggpo_part), str(grpo)), ("grpo", "ggpo"), (42, 1234))
+    assert [(r.method, r.seed) for r in records] == [
+        ("grpo", 42),
+        ("ggpo", 42),
+        ("grpo", 1234),
+        ("ggpo", 1234),
+    ]
+    assert records[3].run_dir == ggpo_part / "runs" / "ggpo-s1234"
+    assert sorted(records[3].evals) == [0, 4, 8] and records[3].result["selected_update"] == 8
+
+
+def test_a_run_missing_doubled_or_unfinished_is_refused(tmp_path):
+    grpo, ggpo_part = _arc_parts(tmp_path)
+    with pytest.raises(UserError, match="^the parts hold no finished run ggpo-s42, ggpo-s1234$"):
+        _records((str(grpo),), ("grpo", "ggpo"), (42, 1234))
+    # A compare stopped early lists its unfinished runs too: they count as missing, not as a crash.
+    (ggpo_part / "runs" / "ggpo-s1234" / "result.json").unlink()
+    with pytest.raises(UserError, match="^the parts hold no finished run ggpo-s1234$"):
+        _records((str(grpo), str(ggpo_part)), ("grpo", "ggpo"), (42, 1234))
+    with pytest.raises(UserError, match="^grpo seed 42 is in two of the parts$"):
+        _records((str(grpo), str(grpo)), ("grpo",), (42,))
+    with pytest.raises(
+        UserError, match=f"^{tmp_path}: no compare.json; give folders written by ggpo compare$"
+    ):
+        _records((str(grpo), str(tmp_path)), ("grpo",), (42,))
+
+
+DEFAULT_GGPO = {0: BASE, 4: [4, 5, 6, 7], 6: [7, 6, 5, 4], 8: [2, 3, 4, 5]}  # peak 68.75 at 4 and 6
+ABLATED_GGPO = {0: BASE, 4: [3] * 4, 6: [5, 6, 7, 8], 7: [8, 7, 6, 5], 8: [3, 4, 5, 6]}  # peak 81.25 at 6, 7
+
+
+def test_ablations_are_compared_with_the_default_run_at_its_peak_and_final_update():
+    defaults = [_run("grpo", 42, ARC_RUNS["grpo", 42]), _run("ggpo", 42, DEFAULT_GGPO)]
+    ablations = {
+        # +1 correct of 8 on every problem at the final update and between the (earliest) peaks
+        "beta-0.003": [_run("agro", 42, ABLATED_GGPO), _run("ggpo", 42, ABLATED_GGPO)],
+        "beta-0.03": [_run("ggpo", 42, DEFAULT_GGPO), _run("ggpo", 7, ABLATED_GGPO)],
+    }
+    assert ablation_table(defaults, ablations).split("\n") == [
+        "### Ablations on validation (mean@n %, one seed): peak and final beside the default settings",
+        "",
+        "| setting | method | seed | peak (update) | final | final − default final [95 %] | peak − default"
+        " peak [95 %] |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        # agro (no default run of agro) and seed 7 (no default of that seed) are left out
+        "| beta-0.003 | GGPO | 42 | 81.25 (6) | 56.25 | +12.50 [+12.50, +12.50] resolved"
+        " | +12.50 [+12.50, +12.50] resolved |",
+        "| beta-0.03 | GGPO | 42 | 68.75 (4) | 43.75 | +0.00 [+0.00, +0.00] not resolved"
+        " | +0.00 [+0.00, +0.00] not resolved |",
+        "",
+        "Default settings (the arc preset): GGPO seed 42: peak 68.75 at 4, final 43.75.",  # GRPO not ablated
+        "",
+    ]
+
+
+STYLES = {  # measure_styles-like reports, "other" first and a style absent from the base model's
+    "base model @ 0": {
+        "accuracy": 0.41,
+        "styles": {"careful": {"share": 0.5, "accuracy": 0.75}, "shortcut": {"share": 0.2, "accuracy": 0.6}}
+        | {"draft": {"share": 0.3, "accuracy": 0.0}},
+    },
+    "GGPO @ 40": {
+        "accuracy": 0.76,
+        "styles": {"other": {"share": 0.1, "accuracy": 0.2}, "careful": {"share": 0.9, "accuracy": 0.8}}
+        | {"draft": {"share": 0.0, "accuracy": None}},  # no draft sampled: its accuracy is undefined
+    },
+}
+
+
+def test_the_styles_table_shows_each_share_and_its_accuracy():
+    assert styles_table(STYLES, 16, 42).split("\n") == [
+        "### Style shares along the arc (seed 42; `measure-styles --no-forced`, 16 validation problems × 8)",
+        "",
+        "Each cell: share of the samples opening with that style, then (in parentheses) how often those are"
+        " right. *other*: samples that open with no style marker, which the pool never shows.",
+        "",
+        "| checkpoint | mean@8 | careful | draft | shortcut | other |",
+        "|---|---:|---:|---:|---:|---:|",
+        "| base model @ 0 | 41.0 | 50% (75%) | 30% (0%) | 20% (60%) | 0% |",
+        "| GGPO @ 40 | 76.0 | 90% (80%) | 0% (–) | 0% | 10% (20%) |",
+        "",
+    ]
+
+
+MEASURED = {
+    "model": "m",
+    "split": "validation",
+    "accuracy": 0.5,
+    "pass_at_m": 0.75,
+    "styles": {"careful": {"share": 0.6, "accuracy": 0.75}, "other": {"share": 0.4, "accuracy": 0.25}},
+}
+TRAIN_SETTINGS = {
+    "updates": 8,
+    "groups_per_batch": 4,
+    "lr": 1e-5,
+    "beta": 0.01,
+    "ref_refresh": None,
+    "eval_every": 4,
+    "eval_num_problems": 4,
+    "eval_n": N,
+    "test_num_problems": 4,
+}
+
+
+def _fake_measure_styles(monkeypatch) -> list[tuple]:
+    """measure_styles replaced by one that records its calls; a stand-in module, since the real one imports
+    torch and samples the model."""
+    calls = []
+
+    def measure_styles(model_dir: Path, **settings) -> dict:
+        calls.append((str(model_dir), settings))
+        return MEASURED
+
+    module = types.ModuleType("ggpo_offline.organism.measure")
+    module.measure_styles = measure_styles
+    monkeypatch.setitem(sys.modules, "ggpo_offline.organism.measure", module)
+    return calls
+
+
+def test_the_arc_report_writes_every_file_and_its_tables_come_back_from_the_counts(tmp_path, monkeypatch):
+    calls = _fake_measure_styles(monkeypatch)
+    pool = tmp_path / "pool.parquet"
+    write_synthetic_pool(pool, metadata=synthetic_metadata(4) | {"dataset": {"spec": "arith:train"}})
+    config = TRAIN_SETTINGS | {"pool": str(pool)}
+    first, second = _arc_parts(tmp_path, {**config, "ref_refresh": 8})
+    ablated = {0: BASE, 4: [5] * 4, 8: [7] * 4}  # +12.5 points over the default GGPO seed 42, peak and final
+    ablations = tmp_path / "ablations"
+    (ablations / "unfinished").mkdir(parents=True)  # no compare.json: not an ablation
+    run = _write_run(ablations / "beta-0.003" / "runs" / "ggpo-s42", 42, ablated, config)
+    _part(ablations / "beta-0.003", {"ggpo-s42": run})
+    out = tmp_path / "arc"
+    arc_config = ArcConfig(
+        methods=("grpo", "ggpo"),
+        parts=(str(first), str(second)),
+        seeds=(42, 1234),
+        ablations=ablations,
+        styles_problems=16,
+        out=out,
+    )
+    assert arc_report(arc_config) == out
+
+    for name in (
+        "README.md",
+        "table.md",
+        "table.csv",
+        COUNTS_FILE,
+        "ablations.md",
+        "styles.md",
+        "styles.json",
+    ):
+        assert (out / name).is_file(), name
+    (tmp_path / "again").mkdir()
+    write_tables(Counts.read(out / COUNTS_FILE), tmp_path / "again")
+    assert (tmp_path / "again" / "table.md").read_text() == (out / "table.md").read_text()
+    assert (out / "ablations.md").read_text().splitlines()[4] == (
+        "| beta-0.003 | GGPO | 42 | 87.50 (8) | 87.50 | +12.50 [+12.50, +12.50] resolved"
+        " | +12.50 [+12.50, +12.50] resolved |"
+    )
+    # Styles of seed 42: the base model, then each run's selected and final checkpoint (once when equal).
+    grpo, ggpo_run = RunFolder(first / "runs" / "grpo-s42"), RunFolder(second / "runs" / "ggpo-s42")
+    models = [BASE_MODEL, str(grpo.checkpoint(4)), str(grpo.checkpoint(8)), str(ggpo_run.checkpoint(8))]
+    settings = {"n_problems": 16, "forced": False, "split": "validation"}
+    assert calls == [(model, settings) for model in models]
+    keys = ["base model @ 0", "GRPO @ 4", "GRPO @ 8", "GGPO @ 8"]
+    assert json.loads((out / "styles.json").read_text()) == dict.fromkeys(keys, MEASURED)
+    styles = (out / "styles.md").read_text().splitlines()
+    assert styles[4:6] == ["| checkpoint | mean@8 | careful | other |", "|---|---:|---:|---:|"]
+    assert styles[6:10] == [f"| {key} | 50.0 | 60% (75%) | 40% (25%) |" for key in keys]
+
+    readme = (out / "README.md").read_text()
+    titles = [line for line in readme.splitlines() if line.startswith("## ")]
+    assert titles == [
+        "## Statistics",
+        "## Results",
+        "## Ablations",
+        "## What the learners select",
+        "## Raw data",
+    ]
+    assert (
+        f"Methods: GRPO, GGPO; seeds 42, 1234; pool `{pool}` (synthetic, `arith:train`, m = 4); U = 8"
+        in readme
+    )
+    assert (
+        "U = 8 updates of G = 4 groups, lr 1e-05, β 0.01, T_ref 8 (learners that refresh π_ref), validation"
+        " evaluation every 4 updates (4 problems × 8), test once per run at the end (4 problems)."
+    ) in readme
+    for name in ("table.md", "ablations.md", "styles.md"):
+        assert (out / name).read_text() in readme
+
+
+def test_a_styles_seed_outside_the_seeds_is_refused_before_anything_is_read(tmp_path):
+    config = ArcConfig(
+        methods=("grpo",), parts=(str(tmp_path / "none"),), seeds=(1234,), out=tmp_path / "arc"
+    )
+    with pytest.raises(UserError, match="^--styles-seed 42 is not one of --seeds 1234$"):
+        arc_report(config)
+    assert not (tmp_path / "arc").exists()
+
+
+def test_a_part_that_is_no_compare_report_is_one_error_line(tmp_path):
+    out = tmp_path / "arc"
+    result = ggpo("arc-report", "--methods", "grpo", "--parts", str(tmp_path), "--out", str(out))
+    assert result.returncode == 1
+    assert_one_error_line(result, f"error: {tmp_path}: no compare.json; give folders written by ggpo compare")
+    assert not out.exists()

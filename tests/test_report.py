@@ -1,0 +1,332 @@
+"""The comparison report: counts.json, tables ranked by paired intervals, pairwise verdicts, the paper's
+claims, and committed reports recomputed from their raw counts."""
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggpo_offline.compare.counts import COUNTS_FILE, Counts
+from ggpo_offline.compare.report import FIGURES, RunRecord, write_report, write_tables
+from ggpo_offline.core.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+SEEDS = (42, 1234, 2027)
+
+
+def _report(name: str, counts, n: int = 4, ks=(1, 4)) -> dict:
+    return {
+        "n": n,
+        "ks": list(ks),
+        "benchmarks": {name: {"counts": {f"p{i}": int(c) for i, c in enumerate(counts)}}},
+    }
+
+
+def _record(method, seed, evals, tests=None, selected=None, drift=(), n=4) -> RunRecord:
+    """A finished run from per-problem counts: ``evals`` and ``tests`` map updates to count lists."""
+    return RunRecord(
+        method=method,
+        seed=seed,
+        run_dir=Path(f"runs/{method}-s{seed}"),
+        config={},
+        result={"pool_fingerprint": "pool", "data_order_fingerprint": "plan"}
+        | ({} if selected is None else {"selected_update": selected}),
+        evals={u: _report("arith-validation", c, n) for u, c in evals.items()},
+        metrics=[{"update": u, "mismatch/drift": d} for u, d in enumerate(drift)],
+        tests={u: _report("arith-test", c, n) for u, c in (tests or {}).items()},
+    )
+
+
+def _simulated(curves: dict, problems: int = 200, n: int = 8, seed: int = 0, test: bool = True) -> list:
+    """Runs whose true accuracy per update is ``curves[method][update]`` on problems of varied difficulty;
+    every run shares the base model's counts (update 0), as runs of one comparison do. Each run's selected
+    checkpoint is its best validation update (the earliest among equals)."""
+    rng = np.random.default_rng(seed)
+    difficulty = rng.normal(0.0, 1.0, problems)
+
+    def draw(accuracy: float) -> list[int]:
+        logit = np.log(accuracy / (1 - accuracy)) + difficulty
+        return rng.binomial(n, 1 / (1 + np.exp(-logit))).tolist()
+
+    first = next(iter(curves.values()))
+    base_val, base_test = draw(first[0]), draw(first[0])
+    final = max(first)
+    records = []
+    for method, curve in curves.items():
+        for run_seed in SEEDS:
+            evals = {u: base_val if u == 0 else draw(acc) for u, acc in curve.items()}
+            selected = max(sorted(evals), key=lambda u: (sum(evals[u]), -u))
+            tests = {u: base_test if u == 0 else draw(curve[u]) for u in {selected, final}} if test else {}
+            drift = [0.01 + 0.0001 * u for u in range(final)]
+            records.append(_record(method, run_seed, evals, tests, selected if test else None, drift, n))
+    return records
+
+
+def _tables(records, methods, tmp_path) -> str:
+    seeds = sorted({r.seed for r in records}, key=[r.seed for r in records].index)
+    return write_tables(Counts.from_records(records, methods, seeds), tmp_path)
+
+
+def test_tables_report_mean_and_sample_std_over_seeds(tmp_path):
+    base = [2, 2, 2, 2, 2, 0, 0, 0, 0, 0]  # mean@4 25 %, pass@4 50 %
+    finals = {
+        ("grpo", 1): [3, 3, 3, 3, 0, 0, 0, 0, 0, 0],  # 30 %, pass@4 40 %
+        ("grpo", 2): [4, 4, 4, 4, 0, 0, 0, 0, 0, 0],  # 40 %, pass@4 40 %
+        ("ggpo", 1): [4, 4, 4, 4, 4, 0, 0, 0, 0, 0],  # 50 %, pass@4 50 %
+        ("ggpo", 2): [4, 4, 4, 4, 4, 1, 0, 0, 0, 0],  # 52.5 %, pass@4 60 %
+    }
+    records = [_record(m, s, {0: base, 8: c}) for (m, s), c in finals.items()]
+    markdown = _tables(records, ["grpo", "ggpo"], tmp_path)
+    grpo_std, ggpo_std = statistics.stdev([30.0, 40.0]), statistics.stdev([50.0, 52.5])  # ddof = 1
+    assert "| 0 | **25.00 ± 0.00** | 25.00 ± 0.00 † |" in markdown  # equal: not resolved below the best
+    assert f"| 35.00 ± {grpo_std:.2f}" in markdown and f"| **51.25 ± {ggpo_std:.2f}** |" in markdown
+    # Without a test evaluation the end-of-run table reads validation's final update.
+    assert "### Validation at the final update 8 (no test evaluation) on arith-validation (%)" in markdown
+    assert "| base model | 0 | 25.00 ± 0.00 | 25.00 ± 0.00 | 50.00 ± 0.00 | 0.00 ± 0.00 |" in markdown
+    with (tmp_path / "table.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    row = next(r for r in rows if r["table"] == "end" and r["method"] == "ggpo" and r["metric"] == "pass@4")
+    assert float(row["mean"]) == pytest.approx(55.0) and float(row["std"]) == pytest.approx(
+        statistics.stdev([50.0, 60.0])
+    )
+    assert (row["split"], row["update"], row["seeds"], row["values"]) == ("validation", "8", "2", "50 60")
+    gain = next(
+        r for r in rows if r["table"] == "end" and r["method"] == "grpo" and r["metric"] == "gain in mean@4"
+    )
+    assert gain["values"] == "5 15"  # each run's final mean@4 minus its own update 0
+
+
+def test_test_tables_report_the_selected_and_the_final_checkpoint(tmp_path):
+    base, half, three = [1] * 10, [2] * 10, [3] * 10  # 25 %, 50 %, 75 % mean@4 on every problem
+    evals = {0: base, 4: half, 8: half}
+    records = [
+        _record("grpo", 1, evals, tests={0: base, 4: half, 8: base}, selected=4),
+        _record("grpo", 2, evals, tests={0: base, 8: half}, selected=8),
+        _record("ggpo", 1, evals, tests={0: base, 8: three}, selected=8),
+        _record("ggpo", 2, evals, tests={0: base, 8: three}, selected=8),
+    ]
+    markdown = _tables(records, ["grpo", "ggpo"], tmp_path)
+    selected = markdown[markdown.index("### Test at the selected checkpoint") :]
+    assert selected.startswith(
+        "### Test at the selected checkpoint (best validation mean@n, earliest on ties) on arith-test (%)"
+    )
+    # Columns: mean@4, pass@1, pass@4 (1 correct of 4 already passes at k = 4), gain in mean@4.
+    assert "| base model | 0 | 25.00 ± 0.00 | 25.00 ± 0.00 | 100.00 ± 0.00 | 0.00 ± 0.00 |" in selected
+    # Each seed's own selection; equal pass@4: the first listed is bold, the other not resolved below it.
+    assert "| GRPO | 4, 8 | 50.00 ± 0.00 | 50.00 ± 0.00 | **100.00 ± 0.00** | 25.00 ± 0.00 |" in selected
+    assert "| GGPO | 8 | **75.00 ± 0.00** | **75.00 ± 0.00** | 100.00 ± 0.00 † | 50.00 ± 0.00 |" in selected
+    final = markdown[markdown.index("### Test at the final checkpoint (update 8) on arith-test (%)") :]
+    std = statistics.stdev([25.0, 50.0])
+    assert (
+        f"| GRPO | 8 | 37.50 ± {std:.2f} | 37.50 ± {std:.2f} | **100.00 ± 0.00** | 12.50 ± {std:.2f} |"
+        in final
+    )
+
+
+def test_the_best_is_bold_and_the_methods_not_resolved_below_it_are_marked(tmp_path):
+    problems = 40
+    best = [3] * problems  # 75 %
+    close = [2] + [3] * (problems - 1)  # one sample fewer on one problem of one seed: not resolved
+    far = [1] * problems  # 25 % on every problem: resolved (a zero-width interval at -50)
+    records = []
+    for seed in (1, 2):
+        records += [_record("grpo", seed, {0: far, 8: far})]
+        records += [_record("agro", seed, {0: far, 8: close if seed == 1 else best})]
+        records += [_record("ggpo", seed, {0: far, 8: best})]
+    markdown = _tables(records, ["grpo", "agro", "ggpo"], tmp_path)
+    assert "| 8 | 25.00 ± 0.00 | 74.69 ± 0.44 † | **75.00 ± 0.00** |" in markdown
+    assert "| 0 | **25.00 ± 0.00** | 25.00 ± 0.00 † | 25.00 ± 0.00 † |" in markdown
+    assert "**Bold**: the highest mean in the row; †: not resolved below it" in markdown
+    with (tmp_path / "table.csv").open() as handle:
+        rows = {(r["table"], r["update"], r["method"]): r for r in csv.DictReader(handle)}
+    assert rows["accuracy", "8", "grpo"]["verdict"] == "resolved"
+    assert (rows["accuracy", "8", "grpo"]["versus"], rows["accuracy", "8", "grpo"]["difference"]) == (
+        "ggpo",
+        "-50.0",
+    )
+    assert rows["accuracy", "8", "agro"]["verdict"] == "not resolved"
+    assert rows["accuracy", "8", "ggpo"]["versus"] == ""  # the best itself
+
+
+def test_a_ten_point_difference_is_resolved_and_equal_methods_are_not(tmp_path):
+    # 500 problems × 8 samples × 3 seeds: GGPO is 10 points above GRPO; AGRO is drawn like GRPO.
+    curves = {"grpo": {0: 0.4, 10: 0.5}, "agro": {0: 0.4, 10: 0.5}, "ggpo": {0: 0.4, 10: 0.6}}
+    markdown = _tables(_simulated(curves, problems=500, test=False), list(curves), tmp_path)
+    lines = {
+        line.split(" | ")[1]: line for line in markdown.splitlines() if line.startswith("| validation, ")
+    }
+    assert lines["GRPO − GGPO"].endswith("| resolved |")
+    assert lines["AGRO − GGPO"].endswith("| resolved |")
+    assert lines["GRPO − AGRO"].endswith("| not resolved |")
+    difference = float(lines["GRPO − GGPO"].split(" | ")[2].split(" ")[0])
+    assert -12.5 < difference < -7.5
+    assert "Minimum detectable difference at this size (500 problems × 8 samples × 3 seeds" in markdown
+
+
+UPDATES = (0, 8, 16, 24, 32, 40)
+PAPER_LIKE = {  # GGPO highest from 2/5 of the run on; GRPO flat at the base model; the others rise and fall
+    "grpo": dict.fromkeys(UPDATES, 0.35),
+    "grpo-tis": dict(zip(UPDATES, (0.35, 0.5, 0.6, 0.62, 0.5, 0.42), strict=True)),
+    "agro": dict(zip(UPDATES, (0.35, 0.5, 0.58, 0.6, 0.5, 0.45), strict=True)),
+    "ggpo": dict(zip(UPDATES, (0.35, 0.6, 0.75, 0.8, 0.77, 0.72), strict=True)),
+}
+
+
+def _claims(markdown: str) -> dict[str, str]:
+    """Each claim's line by its key ("a", "b", "c every", "c least", "d")."""
+    found = {}
+    for line in markdown.splitlines():
+        if line.startswith("- (c) Every"):
+            found["c every"] = line
+        elif line.startswith("- (c) GGPO declines least"):
+            found["c least"] = line
+        elif line.startswith("- ("):
+            found[line[3]] = line
+    return found
+
+
+def test_the_papers_claims_get_verdicts_with_intervals(tmp_path):
+    markdown = _tables(_simulated(PAPER_LIKE), list(PAPER_LIKE), tmp_path)
+    claims = _claims(markdown)
+    assert claims["a"].startswith(
+        "- (a) GGPO is the highest from 2/5 of the run on (paper: every evaluation from update 160 of 400):"
+        " **resolved** — weakest GGPO − GRPO+TIS at validation update 16: +"
+    )
+    # (a) reads validation from 2/5 of the run (update 16 of 40) on, then test at both checkpoints.
+    nested = [
+        line.split(":")[0] for line in markdown.splitlines() if line.startswith("  - ") and "vs AGRO" in line
+    ]
+    assert nested[:6] == [
+        "  - validation update 16",
+        "  - validation update 24",
+        "  - validation update 32",
+        "  - validation update 40",
+        "  - test, selected checkpoint",
+        "  - test, final checkpoint",
+    ]
+    assert "GRPO at update 40 − base model on validation" in claims["b"]
+    assert "**not resolved** (no move from it detected; the other methods gained" in claims["b"]
+    assert "seed 42 0.01–0.0139 (last 0.0139)" in claims["b"]
+    assert "**not resolved** on the test (selected − final checkpoint) declines" in claims["c every"]  # GRPO
+    grpo_tis = next(line for line in markdown.splitlines() if line.startswith("  - GRPO+TIS: peak"))
+    assert "at update 24, final" in grpo_tis and grpo_tis.endswith("resolved.")
+    assert "; test decline (selected − final) +" in grpo_tis
+    # GGPO falls 8 points, GRPO+TIS and AGRO 12–20, GRPO not at all: resolved against (GRPO declines less).
+    assert claims["c least"].startswith(
+        "- (c) GGPO declines least: **resolved against** — GGPO's test decline"
+    )
+    assert claims["d"].startswith(
+        "- (d) GRPO+TIS ≥ GRPO at mid-training (paper: 57.93 vs 38.36 at update 160 of 400): at validation"
+        " update 16, GRPO+TIS − GRPO +"
+    )  # 16 and 24 are equally near 40/2: the earlier one
+    assert claims["d"].endswith("**resolved**.")
+    assert "holds" not in markdown
+
+
+def test_claims_against_the_paper_and_within_noise(tmp_path):
+    curves = {
+        "grpo": dict(zip(UPDATES, (0.35, 0.45, 0.5, 0.5, 0.5, 0.5), strict=True)),
+        "grpo-tis": dict(zip(UPDATES, (0.35, 0.45, 0.5, 0.5, 0.5, 0.5), strict=True)),  # drawn like GRPO
+        "ggpo": dict(zip(UPDATES, (0.35, 0.5, 0.3, 0.25, 0.2, 0.2), strict=True)),  # collapses
+    }
+    claims = _claims(_tables(_simulated(curves), list(curves), tmp_path))
+    assert "**resolved against** — weakest GGPO − GRPO" in claims["a"]
+    assert "GGPO resolved below GRPO at 5 of 6, GRPO+TIS at 5 of 6 places" in claims["a"]
+    assert "**resolved** (GRPO moved away from the base model;" in claims["b"]
+    assert claims["c least"].startswith("- (c) GGPO declines least: **resolved against**")
+    assert claims["d"].endswith("**not resolved**.")
+
+
+def test_a_claim_whose_methods_were_not_run_is_left_out(tmp_path):
+    records = _simulated(PAPER_LIKE, problems=50)
+    without_ggpo = _claims(
+        _tables([r for r in records if r.method in ("grpo", "agro")], ["grpo", "agro"], tmp_path)
+    )
+    assert set(without_ggpo) == {"b", "c every"}
+    only_ggpo_agro = [r for r in records if r.method in ("agro", "ggpo")]
+    assert set(_claims(_tables(only_ggpo_agro, ["agro", "ggpo"], tmp_path))) == {"a", "c every", "c least"}
+    alone = _tables([r for r in records if r.method == "grpo"], ["grpo"], tmp_path)
+    assert set(_claims(alone)) == {"b", "c every"} and "### Pairwise" not in alone
+
+
+def test_counts_round_trip_and_recompute_the_tables_byte_for_byte(tmp_path):
+    records = _simulated(PAPER_LIKE, problems=30)
+    (tmp_path / "written").mkdir()
+    counts = write_report(records, list(PAPER_LIKE), list(SEEDS), tmp_path / "written")
+    again = Counts.read(tmp_path / "written" / COUNTS_FILE)
+    assert again == counts
+    assert again.selected[("ggpo", 42)] == records[-3].result["selected_update"]
+    assert again.drift[("grpo", 1234)][-1] == (39, 0.0139)
+    agro_1234 = records[7].tests[40]["benchmarks"]["arith-test"]["counts"]
+    assert again.matrix("agro", "test", "arith-test", 40)[1].tolist() == list(agro_1234.values())
+    for name in FIGURES:
+        assert (tmp_path / "written" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "recomputed").mkdir()
+    write_tables(again, tmp_path / "recomputed")
+    for name in ("table.md", "table.csv"):
+        assert (tmp_path / "recomputed" / name).read_bytes() == (tmp_path / "written" / name).read_bytes()
+    header = (tmp_path / "written" / COUNTS_FILE).read_text().splitlines()
+    assert header[1] == ' "format": "ggpo-offline counts 1",'
+    assert sum(line.startswith('  {"method"') for line in header) == 4 * 3 * (6 + 2)  # validation + 2 test
+
+
+@pytest.mark.parametrize("folder", ["docs/demo", "docs/beyond", "docs/arc"])
+def test_committed_reports_are_recomputed_from_their_counts(folder, tmp_path):
+    report = REPO / folder
+    if not (report / COUNTS_FILE).is_file():
+        pytest.skip(f"{folder} has no {COUNTS_FILE} yet (committed before raw counts were kept)")
+    write_tables(Counts.read(report / COUNTS_FILE), tmp_path)
+    assert (tmp_path / "table.md").read_text() == (report / "table.md").read_text()
+    assert (tmp_path / "table.csv").read_text() == (report / "table.csv").read_text()
+
+
+def test_runs_that_cannot_be_compared_problem_by_problem_are_refused():
+    good = [_record("grpo", 1, {0: [1, 2], 4: [2, 2]}), _record("ggpo", 1, {0: [1, 2], 4: [3, 2]})]
+    Counts.from_records(good, ["grpo", "ggpo"], [1])
+    with pytest.raises(
+        UserError,
+        match=r"not all evaluated at the same validation updates \(grpo-s1: \[0, 4\], ggpo-s1: \[0\]\)",
+    ):
+        Counts.from_records([good[0], _record("ggpo", 1, {0: [1, 2]})], ["grpo", "ggpo"], [1])
+    other = _record("ggpo", 1, {0: [1, 2], 4: [3, 2]})
+    other.evals[4]["benchmarks"]["arith-validation"]["counts"] = {"p0": 1, "q1": 2}
+    with pytest.raises(
+        UserError, match="ggpo-s1 validation update 4: arith-validation was evaluated on other problems"
+    ):
+        Counts.from_records([good[0], other], ["grpo", "ggpo"], [1])
+    tested = _record("grpo", 1, {0: [1, 2], 4: [2, 2]}, tests={4: [1, 1]}, selected=0)
+    with pytest.raises(UserError, match="grpo-s1: no test evaluation of its selected update 0"):
+        Counts.from_records([tested], ["grpo"], [1])
+
+
+def test_run_folders_are_read_with_their_validation_and_test_evaluations(tmp_path):
+    from ggpo_offline.compare.report import load_run
+    from ggpo_offline.train.run import RunFolder
+
+    records = []
+    for method, final in (("grpo", [2, 2, 1]), ("ggpo", [4, 3, 3])):
+        folder = RunFolder(tmp_path / "runs" / f"{method}-s7")
+        for path, counts in (
+            (folder.eval_report(0), [1, 1, 1]),
+            (folder.eval_report(5), final),
+            (folder.test_report(5), final[::-1]),
+        ):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(
+                json.dumps(_report("arith-test" if "test" in path.parts else "arith-validation", counts))
+            )
+        folder.config_file.write_text("{}")
+        folder.result_file.write_text(json.dumps({"selected_update": 5, "pool_fingerprint": "p"}))
+        folder.metrics_file.write_text(json.dumps({"update": 0, "mismatch/drift": 0.0123456789}) + "\n")
+        records.append(load_run(folder.path, method, 7))
+    assert sorted(records[0].evals) == [0, 5] and sorted(records[0].tests) == [5]
+    (tmp_path / "report").mkdir()
+    counts = write_report(records, ["grpo", "ggpo"], [7], tmp_path / "report")
+    assert counts.correct["ggpo", 7, "test", 5] == {"arith-test": (3, 3, 4)}
+    assert counts.selected == {("grpo", 7): 5, ("ggpo", 7): 5}
+    assert counts.drift["grpo", 7] == ((0, 0.0123457),)  # 6 significant digits
+    markdown = (tmp_path / "report" / "table.md").read_text()
+    assert "| GRPO | 5 | 41.67 | 41.67 |" in markdown and "| GGPO | 5 | **83.33** | **83.33** |" in markdown
