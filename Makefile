@@ -8,7 +8,7 @@ ENGINE_STAMP := $(VENV)/.engine-$(if $(GPU),gpu,cpu)
 PROJECT_STAMP := $(VENV)/.project
 POOL ?= pools/base.parquet
 
-.PHONY: setup demo beyond arc test bench gpu-check lint clean-venv
+.PHONY: setup demo beyond arc tune-lr test bench gpu-check lint clean-venv
 
 setup: $(PROJECT_STAMP)
 
@@ -45,6 +45,15 @@ beyond: setup
 	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234 --methods $(BEYOND_METHODS) \
 		--out reports/beyond
 
+# How the presets' learning rate was chosen (docs/tuning/): the GRPO baseline at three rates, seed 42, the tiny
+# preset otherwise, judged on validation only (--no-test); every method then reuses the chosen rate.
+TUNE_LRS ?= 3e-5 1e-4 3e-4
+tune-lr: setup
+	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
+	else $(BIN)/ggpo generate-pool --out $(POOL); fi
+	for lr in $(TUNE_LRS); do $(BIN)/ggpo train --pool $(POOL) --method grpo --preset tiny --lr $$lr --no-test \
+		--no-tracking --overwrite --out reports/tuning/grpo-lr$$lr || exit 1; done
+
 # The paper's offline arc on the embedded model (docs/arc/): GRPO, GRPO+TIS, AGRO, GGPO and the second paper's
 # two best learners x the paper's three seeds, past every method's peak; then AGRO and GGPO under the paper's
 # ablation axes (beta, T_ref; seed 42, validation). Two compares run side by side, one CPU thread each (the
@@ -69,7 +78,7 @@ arc: setup
 	  && $(ARC) --methods agro,ggpo --seeds 42 --ref-refresh 10 --out $(ARC_OUT)/ablations/tref-10 \
 	  && $(ARC) --methods agro,ggpo --seeds 42 --ref-refresh never --out $(ARC_OUT)/ablations/tref-never ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
-	$(BIN)/ggpo arc-report --pool $(ARC_POOL) --methods $(ARC_FIRST),$(ARC_SECOND) --seeds $(ARC_SEEDS) \
+	$(BIN)/ggpo arc-report --methods $(ARC_FIRST),$(ARC_SECOND) --seeds $(ARC_SEEDS) \
 		--parts $(ARC_OUT)/first,$(ARC_OUT)/second --ablations $(ARC_OUT)/ablations --out $(ARC_OUT)
 
 test: setup

@@ -17,6 +17,7 @@ from ggpo_offline.compare.comparison import MARKER
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.report import write_tables
+from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.scores import aggregate
 from ggpo_offline.train.run import RunFolder
@@ -31,7 +32,7 @@ def _scored(report: dict, model: str = BASE_MODEL) -> dict:
     return report | aggregate(counts, report["n"], report["ks"]) | {"settings": {"model": {"path": model}}}
 
 
-def _run(method: str, seed: int, evals: dict[int, list[int]]):
+def _run(method: str, seed: int, evals: dict[int, list[int]]) -> RunRecord:
     """A finished run in memory from validation counts per update (``test_report``'s builder, scored)."""
     record = _record(method, seed, evals, n=N)
     return replace(record, evals={u: _scored(r) for u, r in record.evals.items()})
@@ -72,14 +73,14 @@ ARC_RUNS = {  # validation counts of 4 problems out of 8 at updates 0, 4, 8
 }
 
 
-def _arc_parts(root: Path, config: dict | None = None, runs: dict = ARC_RUNS) -> tuple[Path, Path]:
+def _arc_parts(root: Path, config: dict | None = None) -> tuple[Path, Path]:
     """Two compare reports as `make arc` runs them side by side: one per method, every seed in each."""
     parts = []
     for method in ("grpo", "ggpo"):
         folder = root / f"part-{method}"
         written = {
             f"{m}-s{s}": _write_run(folder / "runs" / f"{m}-s{s}", s, evals, config)
-            for (m, s), evals in runs.items()
+            for (m, s), evals in ARC_RUNS.items()
             if m == method
         }
         parts.append(_part(folder, written))
