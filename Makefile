@@ -55,7 +55,8 @@ tune-lr: setup
 		--no-tracking --overwrite --out reports/tuning/grpo-lr$$lr || exit 1; done
 
 # The paper's offline arc on the embedded model (docs/arc/): GRPO, GRPO+TIS, AGRO, GGPO and the second paper's
-# two best learners x the paper's three seeds, past every method's peak; then AGRO and GGPO under the paper's
+# two best learners in `make beyond` (PG, Proximal KL: the highest validation mean@8 at seed 42's selected
+# checkpoint among Proximal KL, PG, CISPO and IS-free) x the paper's three seeds, past every method's peak; then AGRO and GGPO under the paper's
 # Table 6 axes (a fixed reference, T_ref never; stronger regularization, beta 0.1; seed 42, validation). Two compares run side by side, one CPU thread each (the
 # tiny model's matrices are too small for two threads to help one run); a last compare reuses every run and
 # writes the report. <= 45 min on 2 cores (README). The compares run untracked: two jobs creating one fresh
@@ -63,7 +64,7 @@ tune-lr: setup
 ARC_POOL ?= pools/arc.parquet
 ARC_OUT ?= reports/arc
 ARC_FIRST ?= grpo,grpo-tis,agro
-ARC_SECOND ?= ggpo,proximal-kl,cispo
+ARC_SECOND ?= ggpo,pg,proximal-kl
 ARC_SEEDS ?= 42,1234,2027
 ARC := $(BIN)/ggpo compare --pool $(ARC_POOL) --preset arc --threads 1 --no-tracking
 arc: setup

@@ -142,6 +142,35 @@ def test_evaluate_end_to_end_with_vllm(vllm_engine, tmp_path):
     assert {k: v for k, v in again.items() if k != "run"} == {k: v for k, v in report.items() if k != "run"}
 
 
+def test_a_lent_protocol_matches_a_fresh_evaluation_and_shares_its_results(vllm_engine, tiny_dir, tmp_path):
+    """The test protocol borrows the validation protocol's engine (ggpo train's end-of-run test): its counts
+    equal a stand-alone evaluation's, the engine gets its weights back, and protocols lent twice do not
+    sample the same weights twice (each run's base model, once per comparison)."""
+    from ggpo_offline.evaluate.evaluator import Evaluator
+
+    validation = EvalConfig(datasets=("arith:validation",), num_problems=4, n=4, ks=(1,), max_tokens=64,
+                            reward_workers=0)  # fmt: skip
+    test = replace(validation, datasets=("arith:test",), num_problems=5)
+    fresh = evaluate(test, engine=vllm_engine)
+    with Evaluator(validation, vllm_engine) as lender:
+        first = lender.evaluate(tiny_dir)
+        with lender.lend(test) as lent:
+            assert lent.evaluate(tiny_dir)["benchmarks"] == fresh["benchmarks"]
+        calls = []
+        original = vllm_engine.generate
+        vllm_engine.generate = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
+        try:
+            with lender.lend(test) as again:
+                assert again.evaluate(tiny_dir)["benchmarks"] == fresh["benchmarks"]
+            assert calls == []  # served from the first lent evaluation
+            with lender.lend(replace(test, n=2)) as other:  # another protocol samples afresh
+                other.evaluate(tiny_dir)
+            assert calls
+        finally:
+            vllm_engine.generate = original
+        assert lender.evaluate(tiny_dir)["benchmarks"] == first["benchmarks"]
+
+
 def test_eval_command_with_the_hf_engine(tmp_path):
     out = tmp_path / "report.json"
     args = ["eval", "--engine", "hf", "--num-problems", "3", "-n", "2", "-k", "1,2", "--max-tokens", "48"]

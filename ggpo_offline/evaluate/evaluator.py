@@ -130,13 +130,20 @@ class Evaluator:
         self._benchmarks: list[_Benchmark] = []
         self._scorer: RewardScorer | None = None  # kept across models: its workers take seconds to start
         self._done: dict[str, tuple] = {}
+        self._lent_results: dict[EvalConfig, dict[str, tuple]] = {}
 
     def lend(self, config: EvalConfig) -> "Evaluator":
         """An Evaluator of another protocol (``config``'s benchmarks) on this one's engine, started if needed;
-        closing it gives the engine back holding the weights this one expects."""
-        if self._engine is None:
-            return Evaluator(config)
-        return Evaluator(replace(config, model=str(self._engine_model)), self._engine)
+        closing it gives the engine back holding the weights this one expects. Evaluators lent for one
+        protocol share their results, so weights evaluated once (each run's base model) are not sampled
+        again."""
+        lent = (
+            Evaluator(config)
+            if self._engine is None
+            else Evaluator(replace(config, model=str(self._engine_model)), self._engine)
+        )
+        lent._done = self._lent_results.setdefault(replace(config, model=None), {})
+        return lent
 
     def __enter__(self) -> "Evaluator":
         return self
