@@ -56,16 +56,19 @@ tune-lr: setup
 
 # The paper's offline arc on the embedded model (docs/arc/): GRPO, GRPO+TIS, AGRO, GGPO and the second paper's
 # two best learners in `make beyond` (PG, Proximal KL: the highest validation mean@8 at seed 42's selected
-# checkpoint among Proximal KL, PG, CISPO and IS-free) x the paper's three seeds, past every method's peak; then AGRO and GGPO under the paper's
-# Table 6 axes (a fixed reference, T_ref never; stronger regularization, beta 0.1; seed 42, validation). Two compares run side by side, one CPU thread each (the
-# tiny model's matrices are too small for two threads to help one run); a last compare reuses every run and
-# writes the report. <= 45 min on 2 cores (README). The compares run untracked: two jobs creating one fresh
-# MLflow store at once is not yet safe (see the issue on concurrent runs); every number is in the run folders.
+# checkpoint among Proximal KL, PG, CISPO and IS-free) x the paper's three seeds, past the methods' peaks;
+# then AGRO and GGPO on the paper's Table 6 axes (a fixed reference, T_ref never; stronger regularization,
+# beta 0.1; seed 42, validation). Two compares run side by side, each pinned to one core: vLLM's CPU engine
+# binds the threads of the process it runs in (and then ignores --threads), so two unpinned compares would
+# each run two threads on both cores. A last command reads both and writes the report. <= 45 min on 2 cores
+# (README). The compares run untracked: two jobs creating one fresh MLflow store at once is not yet safe (the
+# issue on concurrent runs); every number is in the run folders.
 ARC_POOL ?= pools/arc.parquet
 ARC_OUT ?= reports/arc
 ARC_FIRST ?= grpo,grpo-tis,agro
 ARC_SECOND ?= ggpo,pg,proximal-kl
 ARC_SEEDS ?= 42,1234,2027
+ARC_CORES ?= 0 1
 ARC := $(BIN)/ggpo compare --pool $(ARC_POOL) --preset arc --threads 1 --no-tracking
 arc: setup
 	@if [ -f $(ARC_POOL) ]; then echo "$(ARC_POOL) exists; keeping it (delete it to regenerate)"; \
@@ -73,9 +76,11 @@ arc: setup
 	$(BIN)/ggpo pool validate $(ARC_POOL)
 	$(BIN)/ggpo pool score $(ARC_POOL)
 	mkdir -p $(ARC_OUT)/ablations
-	( $(ARC) --methods $(ARC_FIRST) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/first \
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(ARC_CORES)); \
+	  $(ARC) --methods $(ARC_FIRST) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/first \
 	  && $(ARC) --methods agro,ggpo --seeds 42 --beta 0.1 --out $(ARC_OUT)/ablations/beta-0.1 ) & first=$$!; \
-	( $(ARC) --methods $(ARC_SECOND) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/second \
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(ARC_CORES)); \
+	  $(ARC) --methods $(ARC_SECOND) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/second \
 	  && $(ARC) --methods agro,ggpo --seeds 42 --ref-refresh never --out $(ARC_OUT)/ablations/tref-never ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
 	$(BIN)/ggpo arc-report --methods $(ARC_FIRST),$(ARC_SECOND) --seeds $(ARC_SEEDS) \

@@ -1,6 +1,7 @@
 """The replay trainer: plan → log-probs → loss → backward → step → log, one fresh minibatch per update."""
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,8 +231,11 @@ class Trainer:
 
 
 def _threads(config: TrainConfig) -> None:
+    """--threads for torch. vLLM's CPU engine, once started in this process (the evaluation), binds its
+    threads to every core and turns torch.set_num_threads into a no-op; told not to bind, it keeps ours."""
     if config.threads is not None:
         torch.set_num_threads(config.threads)
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 def train(
