@@ -112,7 +112,7 @@ def test_every_train_field_is_a_flag_and_a_config_file_key(tmp_path, monkeypatch
     assert all(values[name] != getattr(TrainConfig(), name) for name in values)
     expected = TrainConfig(**values)
     flags = to_flags(expected, TrainConfig)
-    assert len([word for word in flags if word.startswith("--")]) == len(values) + 2  # 2 eval, 2 test datasets
+    assert len([word for word in flags if word.startswith("--")]) == len(values) + 2  # 2 eval, 2 test sets
     assert run_cli(monkeypatch, capsys, trainer, "train", ["train", *flags]) == [expected]
 
     (tmp_path / "all.toml").write_text("".join(f"{name} = {toml(value)}\n" for name, value in values.items()))

@@ -84,9 +84,9 @@ def test_the_issues_examples_are_refused_also_from_a_config_file_but_a_presets_v
     path.write_text('method = "pg"\nbeta = 0.5\n')
     with pytest.raises(UserError, match="--beta is not read by pg; it is read by ggpo, ggpo-clip"):
         resolve_config(None, path)
-    # The tiny preset's T_ref = 15 tunes the learners that refresh by default and is dropped for the others.
+    # The tiny preset's T_ref = 8 tunes the learners that refresh by default and is dropped for the others.
     assert resolve_config("tiny", None, method="pg").ref_refresh is None
-    assert resolve_config("tiny", None, method="is-free").ref_refresh == 15
+    assert resolve_config("tiny", None, method="is-free").ref_refresh == 8
     assert resolve_config("tiny", None, method="grpo").ref_refresh is None
 
 

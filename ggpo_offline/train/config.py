@@ -134,7 +134,8 @@ class TrainConfig:
         repeat=True,
     )
     test_num_problems: int | None = setting(
-        None, "Problems per test benchmark (arith: drawn; files: the first N rows) [default: all]."
+        None,
+        "Problems per test benchmark (arith: drawn; files: the first N rows) [default: --eval-num-problems].",
     )
     no_test: bool = setting(
         False,

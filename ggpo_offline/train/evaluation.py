@@ -19,7 +19,11 @@ def eval_config(config: TrainConfig, initial_model: Path, test: bool = False) ->
         datasets=tuple(config.test_datasets if test else config.eval_datasets),
         n=config.eval_n,
         ks=tuple(config.eval_ks),
-        num_problems=config.test_num_problems if test else config.eval_num_problems,
+        num_problems=(
+            config.test_num_problems
+            if test and config.test_num_problems is not None
+            else config.eval_num_problems
+        ),
         pool=Path(config.pool),
         seed=config.eval_seed,
         engine=config.eval_engine,
