@@ -500,7 +500,9 @@ def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, ti
     assert again.path == cache.path and cache.path.stat().st_mtime_ns == stamp
     index = index_pool(pool)
     batch = MinibatchReader(pool, index, pad_id=0).read(index.mixed_group_ids[[4, 1, 7]].tolist())
-    torch.testing.assert_close(cache.logprobs(batch), _logprobs_under(tiny_dir, batch), atol=1e-5, rtol=0)
+    # float32 sums in other batch shapes (packed vs one padded batch): measured up to 1.6e-5 on a log-prob of
+    # -3.2, so a relative term beside the absolute one.
+    torch.testing.assert_close(cache.logprobs(batch), _logprobs_under(tiny_dir, batch), atol=1e-5, rtol=1e-5)
     key = cache_key(pool, tiny_dir, device, 1.0, sharded=False)
     assert (key["temperature"], key["numerics"]) == (1.0, "fp32 (cpu), packed")
     with pytest.raises(UserError, match="is not the π0 cache of this pool and model"):
@@ -510,7 +512,7 @@ def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, ti
     assert numerics(torch.device("cuda"), sharded=True) != numerics(torch.device("cuda"), sharded=False)
     padded = score_pool(pool, tiny_dir, device, 1.0, packed=False)  # --no-packing: other numerics, rescored
     assert padded.path == cache.path and padded.path.stat().st_mtime_ns != stamp
-    torch.testing.assert_close(padded.logprobs(batch), cache.logprobs(batch), atol=1e-5, rtol=0)
+    torch.testing.assert_close(padded.logprobs(batch), cache.logprobs(batch), atol=1e-5, rtol=1e-5)
     with pytest.raises(UserError, match="is not the π0 cache of this pool and model"):
         Pi0Cache(cache.path, key)  # the packed key no longer matches the file
 

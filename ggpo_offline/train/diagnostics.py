@@ -30,7 +30,9 @@ def mismatch_k3(
     """`mismatch/k3`: token mean of exp(λ_t) − λ_t − 1 (≥ 0, 0 iff learner = behavior on every token); λ_t is
     clamped to ±20 as in the losses, so one token μ rated near-impossible cannot make the metric inf."""
     lam = (logp - behavior_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)  # [B, T]
-    return (mask * (lam.exp() - lam - 1)).sum() / _count(mask, token_count)
+    # expm1(λ) − λ, not exp(λ) − 1 − λ: near λ = 0 (a learner that still equals the behavior policy) the
+    # latter rounds to small negative values in float32.
+    return (mask * (torch.expm1(lam) - lam)).sum() / _count(mask, token_count)
 
 
 @torch.no_grad()
