@@ -17,6 +17,7 @@ from ggpo_offline.compare.tables import display
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.inspect import pool_summary
+from ggpo_offline.train.evaluation import selected_update
 from ggpo_offline.train.run import RunFolder
 
 ABLATIONS_FILE = "ablations.md"
@@ -130,11 +131,6 @@ def validation_points(record: RunRecord, update: int) -> np.ndarray:
     return 100.0 * np.array([[counts[p] for p in sorted(counts)]], dtype=float) / report["n"]
 
 
-def _peak(record: RunRecord) -> int:
-    """The validation evaluation with the best mean@n, the earliest among equals."""
-    return max(sorted(record.evals), key=lambda u: (record.evals[u]["suite"]["mean@n"], -u))
-
-
 def ablation_table(defaults: list[RunRecord], ablations: dict[str, list[RunRecord]]) -> str:
     """The paper's Table 6 axes on validation: each setting's peak and final beside the default run of the
     same method and seed, with paired intervals (problems resampled; one seed)."""
@@ -151,12 +147,12 @@ def ablation_table(defaults: list[RunRecord], ablations: dict[str, list[RunRecor
             default = by_run.get((record.method, record.seed))
             if default is None:
                 continue
-            final, peak = max(record.evals), _peak(record)
+            final, peak = max(record.evals), selected_update(record.evals)
             final_gap = stats.paired_interval(
                 validation_points(record, final) - validation_points(default, max(default.evals))
             )
             peak_gap = stats.paired_interval(
-                validation_points(record, peak) - validation_points(default, _peak(default))
+                validation_points(record, peak) - validation_points(default, selected_update(default.evals))
             )
             lines.append(
                 f"| {name} | {display(record.method)} | {record.seed} | "
@@ -173,7 +169,7 @@ def _defaults_line(defaults: list[RunRecord], ablations: dict[str, list[RunRecor
     parts = []
     for record in defaults:
         if (record.method, record.seed) in shown:
-            peak, final = _peak(record), max(record.evals)
+            peak, final = selected_update(record.evals), max(record.evals)
             parts.append(
                 f"{display(record.method)} seed {record.seed}: peak "
                 f"{validation_points(record, peak).mean():.2f} at {peak}, final "
