@@ -8,7 +8,7 @@ ENGINE_STAMP := $(VENV)/.engine-$(if $(GPU),gpu,cpu)
 PROJECT_STAMP := $(VENV)/.project
 POOL ?= pools/base.parquet
 
-.PHONY: setup demo beyond arc tune-lr test bench gpu-check lint clean-venv
+.PHONY: setup demo beyond arc tune-lr test chaos bench gpu-check lint clean-venv
 
 setup: $(PROJECT_STAMP)
 
@@ -61,8 +61,7 @@ tune-lr: setup
 # beta 0.1; seed 42, validation). Two compares run side by side, each pinned to one core: vLLM's CPU engine
 # binds the threads of the process it runs in (and then ignores --threads), so two unpinned compares would
 # each run two threads on both cores. A last command reads both and writes the report. <= 45 min on 2 cores
-# (README). The compares run untracked: two jobs creating one fresh MLflow store at once is not yet safe (the
-# issue on concurrent runs); every number is in the run folders.
+# (README). The compares run untracked: every number is in the run folders.
 ARC_POOL ?= pools/arc.parquet
 ARC_OUT ?= reports/arc
 ARC_FIRST ?= grpo,grpo-tis,agro
@@ -88,6 +87,14 @@ arc: setup
 
 test: setup
 	$(BIN)/pytest -q -ra --durations=10
+
+# Short jobs killed at random moments (a reward worker, generate-pool, a torchrun worker, the evaluation
+# engine, the whole training job); each must complete, or stop with one error line after which the command it
+# names gives the uninterrupted result bit for bit (tests/chaos.py; ~10 min on 2 cores).
+CHAOS_RUNS ?= 10
+CHAOS_SEED ?= 0
+chaos: setup
+	$(BIN)/python tests/chaos.py --runs $(CHAOS_RUNS) --seed $(CHAOS_SEED)
 
 # Speed and memory, each printed as ratios against a baseline measured in the same run -> bench/results.md
 bench: setup

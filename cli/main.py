@@ -15,7 +15,8 @@ from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.generate.config import GenerateConfig
 from ggpo_offline.organism.config import StylesConfig, TinyModelConfig
 from ggpo_offline.pool.config import MergeConfig
-from ggpo_offline.train.config import PER_RUN, PRESETS, ScoreConfig, TrainConfig, TrainOptions
+from ggpo_offline.train.config import PER_RUN, PRESETS, ScoreConfig, TrainConfig
+from ggpo_offline.train.options import TrainOptions
 
 app = typer.Typer(
     add_completion=False,
@@ -99,20 +100,20 @@ def train(options: dict, settings: dict) -> None:
     Every training setting has a flag (below, after --overwrite); a --config file takes the same names."""
     from ggpo_offline.train.config import resolve_config
     from ggpo_offline.train.distributed import is_main_process
+    from ggpo_offline.train.options import check_options
     from ggpo_offline.train.trainer import train as run
 
     how = config_from(TrainOptions, options)
-    if how.nproc is not None and how.nproc < 1:
-        raise UserError(f"--nproc must be >= 1, got {how.nproc}")
+    check_options(how)
     resolved = resolve_config(how.preset, how.config_file, **settings)
     if not is_main_process():  # a torchrun worker other than rank 0: rank 0 speaks for the job
-        run(resolved, resume=how.resume, overwrite=how.overwrite)
+        run(resolved, resume=how.resume, overwrite=how.overwrite, timeouts=how.timeouts)
         return
     render.print_config(resolved)
     if how.nproc is not None and how.nproc > 1:
         from ggpo_offline.train.launch import launch
 
-        result = launch(resolved, how.nproc, how.resume, how.overwrite, render.TrainingProgress)
+        result = launch(resolved, how.nproc, how.resume, how.overwrite, render.TrainingProgress, how.timeouts)
     else:
         with render.TrainingProgress(resolved.updates) as progress:
             result = run(
@@ -121,6 +122,7 @@ def train(options: dict, settings: dict) -> None:
                 overwrite=how.overwrite,
                 on_update=progress.update,
                 on_eval=progress.evaluated,
+                timeouts=how.timeouts,
             )
     render.print_training_result(result)
 

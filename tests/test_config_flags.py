@@ -32,7 +32,8 @@ from ggpo_offline.generate.datasets import DatasetColumns
 from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.organism.config import StylesConfig, TinyModelConfig
 from ggpo_offline.pool.config import MergeConfig
-from ggpo_offline.train.config import PER_RUN, ScoreConfig, TrainConfig, TrainOptions, resolve_config
+from ggpo_offline.train.config import PER_RUN, ScoreConfig, TrainConfig, resolve_config
+from ggpo_offline.train.options import TrainOptions
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = {

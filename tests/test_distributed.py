@@ -1,17 +1,24 @@
 """Training in several processes (torchrun's launcher; DDP or FSDP2 over gloo) equals the single-process
 run."""
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.evaluate.evaluator import Evaluator
+from ggpo_offline.train.activity import STOP_VARIABLE
+from ggpo_offline.train.config import TrainConfig, resolve_config
+from ggpo_offline.train.evaluation import eval_config
 from ggpo_offline.train.trainer import train
 
 GGPO = str(Path(sys.executable).parent / "ggpo")
@@ -45,15 +52,29 @@ def one_process(vllm_pool, tmp_path_factory):
     return train(_config(vllm_pool, tmp_path_factory.mktemp("one") / "run"))
 
 
+def _two_processes(config: TrainConfig) -> list[str]:
+    return [GGPO, "train", "--nproc", "2", *_flags(config), *(["--fsdp"] if config.fsdp else [])]
+
+
+@pytest.fixture(scope="module")
+def two_ddp_processes(vllm_pool, tmp_path_factory) -> TrainConfig:
+    """The two-process DDP run of `_config`, uninterrupted."""
+    two = replace(_config(vllm_pool, tmp_path_factory.mktemp("two") / "run"), threads=1)  # a core each
+    done = subprocess.run(_two_processes(two), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return two
+
+
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
 def test_two_gloo_processes_give_the_one_process_updates_metrics_and_weights(
-    vllm_pool, one_process, tmp_path, wrapper
+    vllm_pool, one_process, two_ddp_processes, tmp_path, wrapper
 ):
     one = one_process
-    two = replace(_config(vllm_pool, tmp_path / "two"), threads=1, fsdp=wrapper == "fsdp")  # a core each
-    command = [GGPO, "train", "--nproc", "2", *_flags(two), *(["--fsdp"] if two.fsdp else [])]
-    done = subprocess.run(command, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
+    two = two_ddp_processes
+    if wrapper == "fsdp":
+        two = replace(_config(vllm_pool, tmp_path / "two"), threads=1, fsdp=True)
+        done = subprocess.run(_two_processes(two), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
 
     series_one, series_two = _metrics(one.run_dir), _metrics(two.out)
     assert [r["update"] for r in series_two] == [0, 1, 2, 3]
@@ -75,6 +96,98 @@ def test_two_gloo_processes_give_the_one_process_updates_metrics_and_weights(
     # each rank kept its own share of the anchor windows for --resume
     assert sorted(p.name for p in (two.out / "checkpoints" / "update-000002").glob("rank-*.pt")) == [
         "rank-000.pt", "rank-001.pt",
+    ]  # fmt: skip
+
+
+def _counts(folder: Path) -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text())["benchmarks"] for p in sorted(folder.glob("*.json"))}
+
+
+def test_two_processes_evaluate_with_vllm_as_one_process_does(vllm_pool, vllm_engine, tiny_dir, tmp_path):
+    """The tiny preset evaluates with vLLM from update 0. Started inside a torchrun worker, the engine
+    joined the training job's process group and the job hung forever; now it finishes, and its validation
+    and test reports hold the one-process run's counts (smaller benchmarks than the preset's, to fit here)."""
+    sizes = {"eval_num_problems": 16, "test_num_problems": 16}
+    one = resolve_config("tiny", None, pool=vllm_pool, updates=2, groups_per_batch=4, no_tracking=True,
+                         out=tmp_path / "one", **sizes)  # fmt: skip
+    with Evaluator(eval_config(one, tiny_dir), engine=vllm_engine) as shared:
+        train(one, evaluator=shared)
+    command = [
+        GGPO, "train", "--nproc", "2", "--preset", "tiny", "--pool", str(vllm_pool), "--updates", "2",
+        "--groups-per-batch", "4", "--eval-num-problems", "16", "--test-num-problems", "16", "--no-tracking",
+        "--threads", "1", "--wait-timeout", "900", "--out", str(tmp_path / "two"),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    validation = _counts(tmp_path / "two" / "eval")
+    assert list(validation) == ["update-000000.json", "update-000002.json"]
+    assert validation == _counts(tmp_path / "one" / "eval")
+    assert _counts(tmp_path / "two" / "eval" / "test") == _counts(tmp_path / "one" / "eval" / "test")
+
+
+def _stopped_worker(job: subprocess.Popen) -> psutil.Process:
+    """The worker (a child of the launcher ``job``) that stopped itself at its GGPO_STOP_AT point
+    (`ggpo_offline.train.activity`): a moment fixed by the run, not by the machine's load."""
+    while job.poll() is None:
+        for worker in psutil.Process(job.pid).children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if worker.status() == psutil.STATUS_STOPPED:
+                    return worker
+        time.sleep(0.05)
+    pytest.fail(f"the job ended (exit code {job.returncode}) before a worker stopped")
+
+
+def test_a_killed_worker_is_one_line_and_resume_gives_the_uninterrupted_metrics(two_ddp_processes, tmp_path):
+    """kill -9 of process 1 at its update 3: one line says which process, how it ended, what it was doing
+    and where --resume continues; resumed, the run's metrics and weights are the uninterrupted run's, bit
+    for bit."""
+    config = replace(two_ddp_processes, out=tmp_path / "run")
+    env = {**os.environ, STOP_VARIABLE: "1:training update 3"}
+    job = subprocess.Popen(_two_processes(config), env=env, stderr=subprocess.PIPE, text=True)
+    _stopped_worker(job).kill()
+    stderr = job.communicate()[1]
+    assert job.returncode == 1 and "Traceback" not in stderr
+    checkpoint = config.out / "checkpoints" / "update-000002"
+    assert [line for line in stderr.splitlines() if "error" in line.lower()] == [
+        "error: training process 1 was killed by signal 9 (SIGKILL) while training update 3; the same "
+        f"command with --resume continues from update 2 ({checkpoint})"
+    ]
+    done = subprocess.run([*_two_processes(config), "--resume"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _metrics(config.out) == _metrics(two_ddp_processes.out)
+    final = load_file(str(config.out / "final" / "model.safetensors"))
+    expected = load_file(str(two_ddp_processes.out / "final" / "model.safetensors"))
+    assert all(torch.equal(final[name], expected[name]) for name in expected)
+
+
+def test_a_killed_evaluation_engine_is_one_line_and_resume_completes(vllm_pool, tmp_path):
+    """Under torchrun the evaluation runs in a process of its own; killed while process 0 waits for it, the
+    job stops with one line naming it, and --resume evaluates that checkpoint again and finishes."""
+    config = replace(_config(vllm_pool, tmp_path / "run"), threads=1)
+    command = [
+        *_two_processes(config), "--eval-every", "2", "--eval-engine", "hf", "--eval-n", "2",
+        "--eval-num-problems", "4", "--no-test",
+    ]  # fmt: skip
+    job = subprocess.Popen(
+        command, env={**os.environ, STOP_VARIABLE: "0:evaluating update 2"}, stderr=subprocess.PIPE, text=True
+    )
+    rank_zero = _stopped_worker(job)
+    (engine,) = [p for p in rank_zero.children() if "spawn_main" in " ".join(p.cmdline())]
+    engine.kill()
+    while engine.status() != psutil.STATUS_ZOMBIE:  # dead; its stopped parent has not reaped it yet
+        time.sleep(0.05)
+    rank_zero.resume()
+    stderr = job.communicate()[1]
+    assert job.returncode == 1 and "Traceback" not in stderr
+    checkpoint = config.out / "checkpoints" / "update-000002"
+    assert [line for line in stderr.splitlines() if "error" in line.lower()] == [
+        f"error: the evaluation engine (process {engine.pid}) was killed by signal 9 (SIGKILL) while "
+        f"evaluating update-000002; the same command with --resume continues from update 2 ({checkpoint})"
+    ]
+    done = subprocess.run([*command, "--resume"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in (config.out / "eval").glob("*.json")) == [
+        "update-000000.json", "update-000002.json", "update-000004.json",
     ]  # fmt: skip
 
 

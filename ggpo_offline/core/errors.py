@@ -30,3 +30,27 @@ def writing(path: Path | str) -> Iterator[None]:
         yield
     except OSError as exc:
         raise UserError(f"cannot write {path}: {os_reason(exc)}") from exc
+
+
+class JobFailure(UserError):
+    """A process of the job died, hung or ran out of time (not bad input): a run can resume past it.
+    ``lost_peer``: this process only saw another one stop answering (the cause is elsewhere)."""
+
+    def __init__(self, message: str, lost_peer: bool = False):
+        super().__init__(message)
+        self.lost_peer = lost_peer
+
+
+def how_it_ended(exitcode: int | None) -> str:
+    """A finished process's end in words: "was killed by signal 9 (SIGKILL)" or "exited with code 1"."""
+    import signal
+
+    if exitcode is None:
+        return "is still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+        return f"was killed by signal {-exitcode} ({name})"
+    return f"exited with code {exitcode}"

@@ -1,4 +1,8 @@
-"""The verifiable reward: the last boxed answer of a response, checked against the gold by an answer rule."""
+"""The verifiable reward: the last boxed answer of a response, checked against the gold by an answer rule.
+
+Long because the rule comes with the worker pool that applies it to every response of a pool or an
+evaluation, and that pool's time limits, stall recovery and replacement of killed workers.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache, partial
 from multiprocessing.pool import Pool
+from multiprocessing.process import BaseProcess
 from typing import Literal, get_args
 
 from math_verify import LatexExtractionConfig, parse, verify
+
+from ggpo_offline.core.errors import UserError, how_it_ended, one_line
+from ggpo_offline.core.lifetime import exit_with_parent
+from ggpo_offline.generate.worker_pool import discard, worker_processes
 
 EXTRACTION_RULE = "last_boxed"
 EXTRACTION_RULE_DESCRIPTION = (
@@ -51,6 +60,13 @@ MIN_HARD_LIMIT_S = 60.0
 # Spawned workers import sympy and math-verify before their first answer, which can take a while on a
 # busy machine, so a fresh pool gets this much extra time before it is judged stalled.
 POOL_STARTUP_GRACE_S = 120.0
+# How often a waiting ``get`` looks for dead workers. A killed worker's task is lost, and one killed while
+# waiting for a task dies holding the task queue's lock, which stops the whole pool: only a new pool
+# scores again, and the sooner the better.
+DEATH_CHECK_S = 0.5
+# An item that was being scored at this many worker deaths is not retried: it may be what kills them
+# (memory), and an endless retry would hide that.
+MAX_WORKER_DEATHS = 3
 
 _PARSE_CONFIG = (LatexExtractionConfig(),)
 # ASCII digits only: Python's \d (and Decimal) would also take digits of other scripts.
@@ -221,8 +237,28 @@ def verify_answer(response: str, gold: str) -> float:
 def _init_worker() -> None:
     # Ctrl-C goes to the whole process group; the parent handles it and terminates the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A worker holds both ends of the task queue, so it would wait forever for tasks of a killed parent.
+    exit_with_parent()
     # The first parse builds math-verify's lazy state (~0.2 s); do it here, outside any item's time limit.
     score_response("\\boxed{1}", "1", timeout_s=60.0)
+
+
+def _deaths_message(worker: BaseProcess, response: str, gold: str) -> str:
+    """Why scoring stops after ``MAX_WORKER_DEATHS`` deaths, the last one ``worker``'s, on one response."""
+    answer = last_boxed_content(response)
+    scored = "a response without a boxed answer" if answer is None else f"the boxed answer {answer!r}"
+    if worker.exitcode is not None and worker.exitcode < 0:
+        advice = (
+            "find what kills them (the kernel's out-of-memory killer shows in dmesg) or give them more memory"
+        )
+    else:
+        advice = "their error output above says why"
+    return (
+        f"reward worker pid {worker.pid} {how_it_ended(worker.exitcode)} while scoring "
+        f"{one_line(scored, 100)} "
+        f"against gold {one_line(repr(gold), 60)}; {MAX_WORKER_DEATHS} reward workers have died while "
+        f"scoring this response, so it is not retried: {advice}"
+    )
 
 
 class ScoringHandle:
@@ -235,6 +271,7 @@ class ScoringHandle:
         self._submitted_at = time.monotonic()
         self._finished: queue.Queue[tuple[int, RewardResult]] = queue.Queue()
         self._partial: list[RewardResult | None] = [None] * len(pairs)
+        self._deaths = [0] * len(pairs)  # worker deaths while each item was being scored
         self._results: list[RewardResult] | None = None
 
     def _on_result(self, index: int, result: RewardResult) -> None:
@@ -258,15 +295,17 @@ class ScoringHandle:
                 return [i for i, result in enumerate(self._partial) if result is None]
 
     def get(self) -> list[RewardResult]:
-        """The results in submission order; an item a stalled worker was stuck on scores 0 ("timeout")."""
+        """The results in submission order; an item a stalled worker was stuck on scores 0 ("timeout"),
+        an item a dead worker held is scored again. A UserError when workers keep dying on one item."""
         if self._results is None:
             while self._drain():
+                self._scorer._replace_dead_workers()
                 wait_s = self._scorer._stall_deadline(self._submitted_at) - time.monotonic()
                 if wait_s <= 0:
                     self._scorer._recover_from_stall()
                     continue
                 try:
-                    self._take(*self._finished.get(timeout=wait_s))
+                    self._take(*self._finished.get(timeout=min(wait_s, DEATH_CHECK_S)))
                 except queue.Empty:
                     continue  # another batch may have made progress, which moves the deadline
             self._results = list(self._partial)
@@ -280,9 +319,13 @@ class RewardScorer:
     Each item gets a soft ``timeout_s`` (SIGALRM in the worker's main thread). If the pool makes no
     progress for ``hard_limit_s`` (default: the larger of 60 s and 4 × timeout_s), the items the workers
     were stuck on score 0 with status "timeout", the pool is replaced, and every item still queued is
-    scored by the new pool: a stall costs only the stuck items. ``workers=0`` scores in the calling
-    process, time-limited only on its main thread. The answer rule is given per ``submit``, so one scorer
-    serves benchmarks with different rules. Counters: ``timeouts``, ``errors``, ``restarts``.
+    scored by the new pool: a stall costs only the stuck items. A worker that dies (killed, out of
+    memory) is seen within ``DEATH_CHECK_S`` while results are awaited: the pool is replaced and every
+    unfinished item scored again, since scoring is deterministic; an item being scored at
+    ``MAX_WORKER_DEATHS`` deaths ends in a UserError. ``workers=0`` scores in the calling process,
+    time-limited only on its main thread. The answer rule is given per ``submit``, so one scorer serves
+    benchmarks with different rules. Counters: ``timeouts``, ``errors``, ``restarts`` (stalls) and
+    ``worker_deaths``.
     """
 
     def __init__(self, workers: int, timeout_s: float = 5.0, hard_limit_s: float | None = None) -> None:
@@ -298,14 +341,35 @@ class RewardScorer:
         self.timeouts = 0
         self.errors = 0
         self.restarts = 0
+        self.worker_deaths = 0
         self._pending: list[ScoringHandle] = []  # submission order = the pool's FIFO task order
         self._last_result_at: float | None = None  # when any batch last got a result from this pool
-        self._pool = self._new_pool() if workers > 0 else None
+        self._pool: Pool | None = None
+        self._workers: list[BaseProcess] = []
+        if workers > 0:
+            self._start_pool([])
 
-    def _new_pool(self) -> Pool:
+    def worker_pids(self) -> list[int]:
+        """The process ids of the current pool's workers (none with ``workers=0``)."""
+        return [worker.pid for worker in self._workers]
+
+    def _start_pool(self, items: list[tuple[ScoringHandle, int]]) -> None:
+        """Start a pool and send it ``items``; every pending batch's stall clock starts again."""
         # spawn, not fork: forking a process that holds torch/vLLM threads can deadlock the child.
         context = multiprocessing.get_context("spawn")
-        return context.Pool(self.workers, initializer=_init_worker)
+        self._pool = context.Pool(self.workers, initializer=_init_worker)
+        self._workers = worker_processes(self._pool)  # their exit codes tell of a death
+        self._last_result_at = None
+        for handle in self._pending:
+            handle._submitted_at = time.monotonic()
+        for handle, index in items:
+            self._apply(handle, index)
+
+    def _stop_pool(self) -> list[tuple[ScoringHandle, int]]:
+        """Stop the pool; the unfinished items of all pending batches, in the pool's FIFO task order, so
+        the first ``workers`` of them are the ones the workers held."""
+        discard(self._pool)
+        return [(handle, index) for handle in self._pending for index in handle._drain()]
 
     def _stall_deadline(self, submitted_at: float) -> float:
         """When a batch submitted at ``submitted_at`` gives up, unless some result arrives before then."""
@@ -315,22 +379,28 @@ class RewardScorer:
         return max(self._last_result_at, submitted_at) + self.hard_limit_s
 
     def _recover_from_stall(self) -> None:
-        """Replace the pool. Tasks are taken in FIFO order, so the first ``workers`` unfinished items are
-        the ones the workers were stuck on: they time out; all later ones are sent to the new pool."""
-        self._pool.terminate()
-        self._pool = self._new_pool()
-        self._last_result_at = None
+        """Replace the pool: the items the workers were stuck on time out; all later ones are sent to the
+        new pool."""
+        unfinished = self._stop_pool()
         self.restarts += 1
-        stuck = self.workers
-        for handle in self._pending:
-            handle._submitted_at = time.monotonic()
-            for index in handle._drain():
-                if stuck:
-                    response = handle._pairs[index][0]
-                    handle._take(index, RewardResult(0.0, last_boxed_content(response), "timeout"))
-                    stuck -= 1
-                else:
-                    self._apply(handle, index)
+        for handle, index in unfinished[: self.workers]:
+            response = handle._pairs[index][0]
+            handle._take(index, RewardResult(0.0, last_boxed_content(response), "timeout"))
+        self._start_pool(unfinished[self.workers :])
+
+    def _replace_dead_workers(self) -> None:
+        """When a worker has died, replace the pool and send every unfinished item to the new one; a
+        UserError when an item the workers held has now been held at ``MAX_WORKER_DEATHS`` deaths."""
+        dead = [worker for worker in self._workers if worker.exitcode is not None]
+        if not dead:
+            return
+        unfinished = self._stop_pool()
+        self.worker_deaths += len(dead)
+        for handle, index in unfinished[: self.workers]:
+            handle._deaths[index] += 1
+            if handle._deaths[index] >= MAX_WORKER_DEATHS:
+                raise UserError(_deaths_message(dead[0], *handle._pairs[index]))
+        self._start_pool(unfinished)
 
     def _apply(self, handle: ScoringHandle, index: int) -> None:
         response, gold = handle._pairs[index]
@@ -365,6 +435,7 @@ class RewardScorer:
             for index, ((response, gold), name) in enumerate(zip(pairs, rules, strict=True)):
                 handle._finished.put((index, score_response(response, gold, self.timeout_s, name)))
         else:
+            self._replace_dead_workers()  # a worker that died idle would stop the pool before this batch
             for index in range(len(handle._pairs)):
                 self._apply(handle, index)
         self._pending.append(handle)
@@ -373,8 +444,9 @@ class RewardScorer:
     def close(self) -> None:
         """Stop the worker processes."""
         if self._pool is not None:
-            self._pool.terminate()
+            discard(self._pool)
             self._pool = None
+            self._workers = []
 
     def __enter__(self) -> RewardScorer:
         return self

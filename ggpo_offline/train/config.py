@@ -189,23 +189,6 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class TrainOptions:
-    """How ``ggpo train`` runs, beside what it trains (`TrainConfig`)."""
-
-    preset: str | None = setting(
-        None, "paper-offline (SPEC defaults), tiny (embedded model, ~1 min) or arc (embedded, the long run)."
-    )
-    config_file: Path | None = setting(
-        None, "TOML/YAML/JSON file of settings (flags override it).", flag="config"
-    )
-    nproc: int | None = setting(
-        None, "Train in N processes on this machine (torchrun; DDP, or FSDP2 with --fsdp) [default: 1]."
-    )
-    resume: bool = setting(False, "Continue the run in --out from its last checkpoint.")
-    overwrite: bool = setting(False, "Replace an existing run folder.")
-
-
-@dataclass(frozen=True)
 class ScoreConfig:
     """What ``ggpo pool score`` scores the pool under (the π0 cache every run shares)."""
 

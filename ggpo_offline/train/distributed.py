@@ -10,10 +10,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import JobFailure, UserError
+from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 
-# Long enough for rank 0 to score the π0 cache or run an evaluation while the others wait at a barrier.
-COLLECTIVE_TIMEOUT = timedelta(hours=4)
+# gloo's words for a peer that stopped answering (a timeout) or vanished (its socket closed).
+PEER_LOST = ("Timed out", "timeout", "Connection closed by peer", "Connection reset by peer", "pair closure")
+
+
+_solo_group = None  # a gloo group whose barrier waits up to Timeouts.solo
 
 
 @dataclass(frozen=True)
@@ -41,8 +45,10 @@ def is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def init_ranks() -> Ranks:
-    """Join the job torchrun started (``WORLD_SIZE``/``RANK``/``LOCAL_RANK``): NCCL on GPUs, gloo on CPU."""
+def init_ranks(timeouts: Timeouts = DEFAULT_TIMEOUTS) -> Ranks:
+    """Join the job torchrun started (``WORLD_SIZE``/``RANK``/``LOCAL_RANK``): NCCL on GPUs, gloo on CPU;
+    collectives give up after ``timeouts.collective``."""
+    global _solo_group
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return SINGLE_PROCESS
@@ -51,7 +57,8 @@ def init_ranks() -> Ranks:
         if torch.cuda.is_available():
             torch.cuda.set_device(ranks.local_rank)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeouts.collective))
+        _solo_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeouts.solo))
     return ranks
 
 
@@ -92,6 +99,27 @@ def rank_groups(group_ids: list[int], ranks: Ranks) -> list[int]:
 def barrier(ranks: Ranks) -> None:
     if ranks.distributed:
         dist.barrier()
+
+
+def wait_for_main(ranks: Ranks) -> None:
+    """A barrier after rank 0 worked alone: the others wait up to ``Timeouts.solo``, not the collective
+    timeout."""
+    if ranks.distributed:
+        dist.barrier(group=_solo_group)
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether a collective failed because another process stopped answering or died."""
+    return isinstance(error, RuntimeError) and any(words in str(error) for words in PEER_LOST)
+
+
+def lost_peer_failure(ranks: Ranks, timeouts: Timeouts) -> JobFailure:
+    return JobFailure(
+        f"process {ranks.rank} stopped waiting for the others: one ended or stopped answering "
+        f"(--collective-timeout {timeouts.collective:g} s; --wait-timeout {timeouts.solo:g} s while "
+        "process 0 works alone)",
+        lost_peer=True,
+    )
 
 
 def _on_backend_device(value: torch.Tensor) -> torch.Tensor:

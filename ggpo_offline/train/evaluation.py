@@ -6,8 +6,11 @@ from pathlib import Path
 
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.evaluate.evaluator import Evaluator, write_json
+from ggpo_offline.evaluate.remote import RemoteEvaluator
+from ggpo_offline.train.activity import doing
 from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
+from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, wait_for_main
+from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 from ggpo_offline.train.run import RunFolder
 
 
@@ -61,10 +64,13 @@ def eval_metrics(report: dict) -> dict[str, float]:
 
 class CheckpointEvaluations:
     """Evaluates a run at its due updates (`eval_due`) from the weights saved at that update: rank 0 runs
-    the evaluation, writes its report into the run folder and returns its scores; the other ranks wait.
+    the evaluation, writes its report into the run folder and returns its scores; the other ranks wait
+    (at most ``timeouts.solo``).
 
     ``evaluator`` shares one (started engine, protocol) between runs; by default, when evaluation is on,
-    this builds its own (which checks the benchmarks at once) and closes it at the end.
+    this builds its own (which checks the benchmarks at once) and closes it at the end. Under torchrun it
+    runs in a process of its own (`RemoteEvaluator`): an engine started inside a worker would join the
+    training job's process group and wait forever for the other ranks.
     """
 
     def __init__(
@@ -74,10 +80,16 @@ class CheckpointEvaluations:
         ranks: Ranks = SINGLE_PROCESS,
         evaluator: Evaluator | None = None,
         on_eval: Callable[[int, dict], None] | None = None,
+        timeouts: Timeouts = DEFAULT_TIMEOUTS,
     ):
         self.config, self.initial_model, self.ranks, self.on_eval = config, initial_model, ranks, on_eval
         self.owned = evaluator is None and config.eval_every is not None and ranks.main
-        self.evaluator = Evaluator(eval_config(config, initial_model)) if self.owned else evaluator
+        self.evaluator = evaluator
+        if self.owned:
+            protocol = eval_config(config, initial_model)
+            self.evaluator = (
+                RemoteEvaluator(protocol, timeouts.solo) if ranks.distributed else Evaluator(protocol)
+            )
 
     def due(self, update: int) -> bool:
         return eval_due(self.config, update)
@@ -87,6 +99,7 @@ class CheckpointEvaluations:
         if not self.due(update):
             return {}
         metrics = {}
+        doing(f"evaluating update {update}" if self.ranks.main else f"waiting for evaluation {update}")
         if self.ranks.main:
             weights = self.initial_model if update == 0 else folder.checkpoint(update)
             report = self.evaluator.evaluate(weights)
@@ -94,7 +107,7 @@ class CheckpointEvaluations:
             if self.on_eval is not None:
                 self.on_eval(update, report)
             metrics = eval_metrics(report)
-        barrier(self.ranks)  # the other ranks wait for rank 0's evaluation
+        wait_for_main(self.ranks)
         return metrics
 
     def test(self, folder: RunFolder) -> int | None:
@@ -106,13 +119,16 @@ class CheckpointEvaluations:
         if self.config.eval_every is None:
             return None
         selected = selected_update(folder.read_evals()) if self.ranks.main else None
-        if self.ranks.main and self.config.test_datasets and not self.config.no_test:
+        if not self.config.test_datasets or self.config.no_test:
+            return selected
+        doing("evaluating the test split" if self.ranks.main else "waiting for the test evaluation")
+        if self.ranks.main:
             # The test protocol borrows the running engine: starting another costs more than the evaluation.
             with self.evaluator.lend(eval_config(self.config, self.initial_model, test=True)) as test:
                 for update in sorted({0, selected, self.config.updates}):
                     weights = self.initial_model if update == 0 else folder.checkpoint(update)
                     write_json(test.evaluate(weights), folder.test_report(update))
-        barrier(self.ranks)
+        wait_for_main(self.ranks)
         return selected
 
     def close(self) -> None:

@@ -109,7 +109,8 @@ def score_pi0(config: TrainConfig, inputs: RunInputs, ranks: "Ranks | None" = No
     """The initial model's log-probs of the pool with the run's numerics: scored once per pool, model and
     numerics (a no-op when the cache exists) and shared by every run on the pool. Under torchrun rank 0
     scores while the others wait, then every rank opens the cache."""
-    from ggpo_offline.train.distributed import SINGLE_PROCESS, barrier, device_of
+    from ggpo_offline.train.activity import doing
+    from ggpo_offline.train.distributed import SINGLE_PROCESS, device_of, wait_for_main
     from ggpo_offline.train.pi0_cache import score_pool
 
     ranks = SINGLE_PROCESS if ranks is None else ranks
@@ -125,8 +126,9 @@ def score_pi0(config: TrainConfig, inputs: RunInputs, ranks: "Ranks | None" = No
             packed=not config.no_packing,
         )
 
+    doing("scoring the π0 cache" if ranks.main else "waiting for the π0 cache")
     cache = score() if ranks.main else None
-    barrier(ranks)
+    wait_for_main(ranks)
     return score() if cache is None else cache  # the other ranks open what rank 0 wrote
 
 

@@ -114,6 +114,15 @@ class RunFolder:
         return kept
 
 
+def resume_hint(run_dir: Path) -> str:
+    """What the user can do after the job stopped part-way: where ``--resume`` would continue from."""
+    checkpoint = RunFolder(run_dir).latest_checkpoint()
+    if checkpoint is None:
+        return f"no checkpoint was saved yet: start it again with --overwrite (the run folder {run_dir})"
+    update = int(checkpoint.name.removeprefix(CHECKPOINT_PREFIX))
+    return f"the same command with --resume continues from update {update} ({checkpoint})"
+
+
 class Run:
     """One training run: its folder (made, replaced or resumed), its tracker, and its metric records, which
     reach the tracker and metrics.jsonl together. Rank 0 alone writes; every rank takes part in the checks."""

@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import JobFailure, UserError
 from ggpo_offline.core.model_io import load_tokenizer
 from ggpo_offline.evaluate.evaluator import Evaluator
+from ggpo_offline.train.activity import doing
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
 from ggpo_offline.train.checkpoint import load_state, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
@@ -23,6 +24,8 @@ from ggpo_offline.train.distributed import (
     full_state_dict,
     gradient_sync,
     init_ranks,
+    lost_peer_failure,
+    peer_lost,
     rank_groups,
     scalar,
     wrap,
@@ -31,8 +34,9 @@ from ggpo_offline.train.evaluation import CheckpointEvaluations
 from ggpo_offline.train.inputs import RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
+from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 from ggpo_offline.train.pi0_cache import Pi0Cache
-from ggpo_offline.train.run import FLUSH_EVERY, Run
+from ggpo_offline.train.run import FLUSH_EVERY, Run, resume_hint
 from ggpo_offline.train.step_metrics import EssBlock, StepDiagnostics
 
 
@@ -247,6 +251,7 @@ def train(
     on_eval: Callable[[int, dict], None] | None = None,
     evaluator: Evaluator | None = None,
     parent_run_id: str | None = None,
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
 ) -> TrainResult:
     """Train ``config.method`` on the pool's planned minibatches; see TrainConfig for every setting.
 
@@ -256,13 +261,30 @@ def train(
     flushing belong to `Run`.
 
     Under torchrun every process calls this: each trains its contiguous share of every minibatch's groups
-    (DDP, or FSDP2 with ``config.fsdp``); rank 0 alone evaluates, talks to MLflow and writes files.
+    (DDP, or FSDP2 with ``config.fsdp``); rank 0 alone evaluates (in a process of its own), talks to MLflow
+    and writes files. No wait is unbounded (``timeouts``): a process that gives up raises a `JobFailure`.
     """
+    ranks = init_ranks(timeouts)
+    try:
+        return _train(
+            config, ranks, resume, overwrite, on_update, on_eval, evaluator, parent_run_id, timeouts
+        )
+    except RuntimeError as error:
+        if not (ranks.distributed and peer_lost(error)):
+            raise
+        raise lost_peer_failure(ranks, timeouts) from None
+    except JobFailure as failure:
+        if ranks.distributed:
+            raise  # the launcher says where the job can resume, once
+        raise JobFailure(f"{failure}; {resume_hint(config.run_dir)}") from None
+
+
+def _train(config, ranks, resume, overwrite, on_update, on_eval, evaluator, parent_run_id, timeouts):
     from ggpo_offline.core import tracking
 
-    ranks = init_ranks()
+    doing("reading the pool")
     inputs = read_inputs(config, ranks)
-    with CheckpointEvaluations(config, inputs.model_dir, ranks, evaluator, on_eval) as evaluations:
+    with CheckpointEvaluations(config, inputs.model_dir, ranks, evaluator, on_eval, timeouts) as evaluations:
         if not config.no_tracking and ranks.main:
             tracking.check_tracking_reachable(config.tracking_uri or tracking.default_tracking_uri())
         run = Run(config, ranks, resume=resume, overwrite=overwrite)
@@ -314,6 +336,7 @@ def _update(
     """One update: the evaluation due before it, the step, its metrics kept, then a checkpoint or a flush."""
     config, update = trainer.config, trainer.update
     evaluation = evaluations.at(update, run.folder)
+    doing(f"training update {update}")
     metrics = {**trainer.step(trainer.read_update(update)), "train/filtered_frac": inputs.filtered_frac}
     run.record(update, evaluation, metrics, last=trainer.update == config.updates)
     if on_update is not None:
@@ -322,6 +345,7 @@ def _update(
     saving = config.save_every is not None and done % config.save_every == 0
     if saving or done == config.updates or evaluations.due(done):
         run.flush()  # metrics reach the store together with the checkpoint that reproduces them
+        doing(f"saving the checkpoint of update {done}")
         trainer.save(run.folder.checkpoint(done), run.run_id)
     elif config.save_every is None and done % FLUSH_EVERY == 0:
         run.flush()
@@ -332,4 +356,5 @@ def _finish(trainer: Trainer, run: Run, evaluations: CheckpointEvaluations) -> P
     updates = trainer.config.updates
     run.record(updates, evaluations.at(updates, run.folder))
     run.flush()
+    doing("saving the final model")
     return trainer.save(run.folder.final, run.run_id, resumable=False)

@@ -1,0 +1,106 @@
+"""How a job that fails says so: the one line the launcher composes from its workers' reports, where
+--resume continues, and the evaluation process's bounded waits. (The end-to-end kills are in
+tests/test_distributed.py; random ones in tests/chaos.py, `make chaos`.)"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ggpo_offline.core.errors import JobFailure, UserError, how_it_ended
+from ggpo_offline.evaluate.config import EvalConfig
+from ggpo_offline.evaluate.remote import RemoteEvaluator
+from ggpo_offline.train import activity
+from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.launch import FAILURE, LOST_PEER, USER, _failure_line, _report_file
+from ggpo_offline.train.layout import STATE_FILE
+from ggpo_offline.train.run import resume_hint
+
+
+def _report(folder: Path, rank: int, kind: str, message: str) -> None:
+    _report_file(str(folder), rank).write_text(json.dumps({"kind": kind, "message": message}))
+
+
+def _doing(folder: Path, monkeypatch, rank: int, what: str) -> None:
+    monkeypatch.setenv(activity.FOLDER_VARIABLE, str(folder))
+    monkeypatch.setenv("RANK", str(rank))
+    activity.doing(what)
+
+
+@pytest.fixture
+def run(tmp_path) -> TrainConfig:
+    checkpoint = tmp_path / "run" / "checkpoints" / "update-000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / STATE_FILE).write_bytes(b"")
+    (tmp_path / "reports").mkdir()
+    return TrainConfig(out=tmp_path / "run")
+
+
+def test_a_silent_death_beats_a_peer_that_only_saw_it_and_names_what_it_was_doing(run, tmp_path, monkeypatch):
+    reports = tmp_path / "reports"
+    _doing(reports, monkeypatch, 1, "training update 5")
+    _report(reports, 0, LOST_PEER, "process 0 stopped waiting for the others")
+    line = _failure_line(run, str(reports), 2, {0: 1, 1: -9})
+    assert line == (
+        "training process 1 was killed by signal 9 (SIGKILL) while training update 5; the same command with "
+        f"--resume continues from update 4 ({run.out}/checkpoints/update-000004)"
+    )
+
+
+def test_bad_input_beats_a_failure_and_gets_no_resume_hint(run, tmp_path):
+    reports = tmp_path / "reports"
+    _report(reports, 1, FAILURE, "the evaluation engine (process 7) was killed by signal 9 (SIGKILL)")
+    _report(reports, 0, USER, "--resume: the settings differ")
+    assert _failure_line(run, str(reports), 2, {0: 1, 1: 1}) == "--resume: the settings differ"
+    _report(reports, 0, LOST_PEER, "process 0 stopped waiting for the others")
+    assert _failure_line(run, str(reports), 2, {0: 1, 1: 1}).startswith(
+        "the evaluation engine (process 7) was killed by signal 9 (SIGKILL); the same command with --resume"
+    )
+
+
+def test_a_peer_that_stopped_answering_is_named_by_its_last_activity(run, tmp_path, monkeypatch):
+    reports = tmp_path / "reports"
+    _doing(reports, monkeypatch, 1, "waiting for the evaluation of update 2")
+    _doing(reports, monkeypatch, 0, "evaluating update 2")
+    _report(reports, 1, LOST_PEER, "process 1 stopped waiting for the others")
+    line = _failure_line(run, str(reports), 2, {1: 1})
+    assert line.startswith(
+        "process 1 stopped waiting for the others; process 0 was last evaluating update 2;"
+    )
+
+
+def test_resume_hint_names_the_last_resumable_checkpoint_or_says_there_is_none(run, tmp_path):
+    assert resume_hint(run.out).endswith(f"continues from update 4 ({run.out}/checkpoints/update-000004)")
+    (run.out / "checkpoints" / "update-000006").mkdir()  # no run state: a save that did not finish
+    assert "update 4" in resume_hint(run.out)
+    assert resume_hint(tmp_path / "fresh") == (
+        f"no checkpoint was saved yet: start it again with --overwrite (the run folder {tmp_path / 'fresh'})"
+    )
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "words"),
+    [
+        (-9, "was killed by signal 9 (SIGKILL)"),
+        (-6, "was killed by signal 6 (SIGABRT)"),
+        (1, "exited with code 1"),
+    ],
+)
+def test_how_a_process_ended(exitcode, words):
+    assert how_it_ended(exitcode) == words
+
+
+def test_the_evaluation_process_reports_bad_input_as_the_users_error_line():
+    with pytest.raises(UserError) as raised:
+        RemoteEvaluator(EvalConfig(datasets=("arith:nosuchsplit",), engine="hf"), timeout_s=600)
+    assert not isinstance(raised.value, JobFailure)
+    assert "nosuchsplit" in str(raised.value)
+
+
+def test_an_overdue_evaluation_process_is_stopped_with_one_line():
+    """Starting a process and loading the benchmarks takes seconds: a 0.2 s bound is always overdue."""
+    with pytest.raises(JobFailure) as raised:
+        RemoteEvaluator(EvalConfig(engine="hf"), timeout_s=0.2)
+    assert str(raised.value).endswith(
+        "took more than 0.2 s checking the evaluation benchmarks and was stopped (--wait-timeout)"
+    )

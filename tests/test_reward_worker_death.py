@@ -1,0 +1,129 @@
+"""Tests for a killed reward worker: its items are scored again (not timed out), the pool never hangs on
+the lock it died holding, and workers that keep dying on one item end in one clear error."""
+
+import os
+import signal
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from ggpo_offline.core.errors import UserError, how_it_ended
+from ggpo_offline.generate.rewards import RewardResult, RewardScorer, _deaths_message, score_batch
+
+# Exact big-integer powers: a few seconds of CPU in a worker, then reward 1, so a kill lands mid-item and
+# a lost item that went down the stall path instead (0, "timeout") cannot pass for it.
+SLOW_OK = ("\\boxed{7^{2000000}}", "49^{1000000}")
+QUICK = [("\\boxed{13}", "13"), ("no box 13", "13"), ("\\boxed{x^2+1}", "1+x^2"), ("\\boxed{8", "8")]
+# So long that only the death handling, never the stall recovery, can finish a test.
+NEVER_S = 600.0
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of a process: "R" running, "S" sleeping (an idle worker waits in
+    a read), "Z" dead but not yet reaped."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def wait_for_state(pids: list[int], state: str, polls: int = 3000) -> None:
+    # Bounded (30 s of polls) so a worker that never gets there still lets the test go on: it asserts
+    # on results, which must be the same wherever the kill lands.
+    for _ in range(polls):
+        if all(process_state(pid) == state for pid in pids):
+            return
+        time.sleep(0.01)
+
+
+def started_scorer(workers: int) -> RewardScorer:
+    """A scorer whose workers have all started and wait for tasks."""
+    scorer = RewardScorer(workers=workers, timeout_s=NEVER_S, hard_limit_s=NEVER_S)
+    assert scorer.submit([("\\boxed{1}", "1")]).get() == [RewardResult(1.0, "1", "ok")]
+    wait_for_state(scorer.worker_pids(), "S")
+    return scorer
+
+
+def test_an_item_whose_worker_is_killed_is_scored_again():
+    pairs = [SLOW_OK, SLOW_OK, *QUICK]
+    expected = score_batch(pairs, workers=0, timeout_s=NEVER_S)
+    assert expected[:2] == [RewardResult(1.0, "7^{2000000}", "ok")] * 2
+    with started_scorer(workers=2) as scorer:
+        handle = scorer.submit(pairs)
+        victim = scorer.worker_pids()[0]
+        wait_for_state([victim], "R")  # it took a task: each worker is on a slow item for seconds
+        os.kill(victim, signal.SIGKILL)
+        assert handle.get() == expected
+        assert victim not in scorer.worker_pids()
+        assert scorer.submit(QUICK).get() == expected[2:]  # the new pool scores later batches
+    assert (scorer.worker_deaths, scorer.restarts, scorer.timeouts, scorer.errors) == (1, 0, 0, 0)
+
+
+def test_workers_killed_while_waiting_for_a_task_do_not_stop_the_pool():
+    # An idle worker waits for a task holding the task queue's lock: killed, it would leave every other
+    # worker (and Pool.terminate) waiting for that lock forever.
+    with started_scorer(workers=2) as scorer:
+        for pid in scorer.worker_pids():
+            os.kill(pid, signal.SIGKILL)
+        assert scorer.submit(QUICK).get() == score_batch(QUICK, workers=0)
+    assert (scorer.worker_deaths, scorer.restarts, scorer.timeouts) == (2, 0, 0)
+
+
+def test_closing_after_a_worker_was_killed_stops_every_worker():
+    scorer = started_scorer(workers=2)
+    pids = scorer.worker_pids()
+    os.kill(pids[0], signal.SIGKILL)
+    scorer.close()
+    assert scorer.worker_pids() == []
+    for pid in pids:  # reaped: no process (not even a zombie) is left with the id
+        with pytest.raises(FileNotFoundError):
+            process_state(pid)
+
+
+def kill_each_new_worker(scorer: RewardScorer, times: int, killed: list[int]) -> None:
+    while len(killed) < times:
+        for pid in scorer.worker_pids():
+            if pid not in killed and len(killed) < times:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        time.sleep(0.01)
+
+
+def test_workers_that_keep_dying_on_an_item_end_in_one_clear_error():
+    killed: list[int] = []
+    with RewardScorer(workers=1, timeout_s=NEVER_S, hard_limit_s=NEVER_S) as scorer:
+        handle = scorer.submit([SLOW_OK, ("\\boxed{2}", "2")])
+        killer = threading.Thread(target=kill_each_new_worker, args=(scorer, 3, killed))
+        killer.start()
+        with pytest.raises(UserError) as raised:
+            handle.get()
+        killer.join()
+    assert str(raised.value) == (
+        f"reward worker pid {killed[2]} was killed by signal 9 (SIGKILL) while scoring the boxed answer "
+        "'7^{2000000}' against gold '49^{1000000}'; 3 reward workers have died while scoring this "
+        "response, so it is not retried: find what kills them (the kernel's out-of-memory killer shows "
+        "in dmesg) or give them more memory"
+    )
+    assert (scorer.worker_deaths, scorer.restarts, scorer.timeouts) == (3, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "expected"),
+    [
+        (-9, "was killed by signal 9 (SIGKILL)"),
+        (-15, "was killed by signal 15 (SIGTERM)"),
+        (-40, "was killed by signal 40"),
+        (1, "exited with code 1"),
+    ],
+)
+def test_how_a_worker_ended_is_named(exitcode, expected):
+    assert how_it_ended(exitcode) == expected
+
+
+def test_a_worker_that_crashed_rather_than_was_killed_points_at_its_error_output():
+    crashed = SimpleNamespace(pid=41, exitcode=1)
+    assert _deaths_message(crashed, "no box here", "12") == (
+        "reward worker pid 41 exited with code 1 while scoring a response without a boxed answer against "
+        "gold '12'; 3 reward workers have died while scoring this response, so it is not retried: their "
+        "error output above says why"
+    )
