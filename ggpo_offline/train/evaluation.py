@@ -99,7 +99,8 @@ class CheckpointEvaluations:
         if not self.due(update):
             return {}
         metrics = {}
-        doing(f"evaluating update {update}" if self.ranks.main else f"waiting for evaluation {update}")
+        waiting = f"waiting for the evaluation of update {update}"
+        doing(f"evaluating update {update}" if self.ranks.main else waiting)
         if self.ranks.main:
             weights = self.initial_model if update == 0 else folder.checkpoint(update)
             report = self.evaluator.evaluate(weights)

@@ -45,7 +45,9 @@ def launch(
     # The agent logs every worker failure (and each worker it stops) at length; our line says it once.
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), QUIET_TRACKER]))
+    warnings = os.environ.get("PYTHONWARNINGS", "")
+    if QUIET_TRACKER not in warnings:
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [warnings, QUIET_TRACKER]))
     launch_config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
