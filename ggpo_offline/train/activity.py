@@ -11,6 +11,11 @@ FOLDER_VARIABLE = "GGPO_ACTIVITY_DIR"  # set by the launcher in each worker; uns
 STOP_VARIABLE = "GGPO_STOP_AT"
 
 
+def launched_by_ggpo() -> bool:
+    """Whether this process is a worker of `ggpo train --nproc` (whose launcher reports its failures)."""
+    return FOLDER_VARIABLE in os.environ
+
+
 def activity_file(folder: Path | str, rank: int) -> Path:
     return Path(folder, f"rank-{rank:03d}.doing")
 

@@ -12,7 +12,7 @@ from torch import Tensor
 from ggpo_offline.core.errors import JobFailure, UserError
 from ggpo_offline.core.model_io import load_tokenizer
 from ggpo_offline.evaluate.evaluator import Evaluator
-from ggpo_offline.train.activity import doing
+from ggpo_offline.train.activity import doing, launched_by_ggpo
 from ggpo_offline.train.batch import Minibatch, MinibatchReader
 from ggpo_offline.train.checkpoint import load_state, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
@@ -274,12 +274,13 @@ def train(
             raise
         raise lost_peer_failure(ranks, timeouts) from None
     except JobFailure as failure:
-        if ranks.distributed:
+        if launched_by_ggpo():
             raise  # the launcher says where the job can resume, once
         raise JobFailure(f"{failure}; {resume_hint(config.run_dir)}") from None
 
 
 def _train(config, ranks, resume, overwrite, on_update, on_eval, evaluator, parent_run_id, timeouts):
+    """`train`'s body, in the process group ``ranks`` joined."""
     from ggpo_offline.core import tracking
 
     doing("reading the pool")
