@@ -40,6 +40,7 @@ KINDS = (
 # A stopped (SIGSTOP) worker is noticed by the timeouts only: short ones for this run.
 STOPPED_TIMEOUTS = ["--collective-timeout", "15", "--wait-timeout", "90"]
 LEFTOVER_WAIT_S = 30
+UNCLEAN = "unclean"  # an end with more (or less) than one error line, or a traceback
 
 
 @dataclass
@@ -163,10 +164,10 @@ def _recover(returncode: int, stderr: str, command: list[str], run: Path | None)
         extra = [] if run is None else ["--resume"] if RunFolder(run).latest_checkpoint() else ["--overwrite"]
     else:
         exit_kind = "error line"
-        assert returncode == 1 and len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
-        extra = (
-            ["--resume"] if "--resume" in errors[0] else ["--overwrite"] if "--overwrite" in errors[0] else []
-        )
+        if not (returncode == 1 and len(errors) == 1 and "Traceback" not in stderr):
+            exit_kind = UNCLEAN  # counted as a failed run; its output says why
+            print(stderr[-3000:], file=sys.stderr)
+        extra = [flag for flag in ("--resume", "--overwrite") if errors and flag in errors[0]][:1]
     done = subprocess.run([GGPO, *command, *extra], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return exit_kind, " ".join(["rerun", *extra])
@@ -200,10 +201,11 @@ def _summary(outcomes: list[Outcome]) -> int:
     kills = sum(o.killed != "nothing" for o in outcomes)
     ends = Counter(o.exit for o in outcomes)
     recovered = sum(bool(o.recovery) for o in outcomes)
-    bad = [o for o in outcomes if not o.equal or o.leftovers]
+    bad = [o for o in outcomes if not o.equal or o.leftovers or o.exit == UNCLEAN]
     print(
         f"chaos: {len(outcomes)} runs, {kills} kills; ended {dict(ends)}; {recovered} recovered by the "
-        f"command they named; {len(bad)} runs unlike the uninterrupted one or leaving processes behind"
+        f"command they named; {len(bad)} runs ending unclean, unlike the uninterrupted one or leaving "
+        "processes behind"
     )
     return 1 if bad else 0
 

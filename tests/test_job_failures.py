@@ -104,3 +104,39 @@ def test_an_overdue_evaluation_process_is_stopped_with_one_line():
     assert str(raised.value).endswith(
         "took more than 0.2 s checking the evaluation benchmarks and was stopped (--wait-timeout)"
     )
+
+
+CHILD = """
+import subprocess, sys, time
+from ggpo_offline.core.lifetime import exit_with_parent
+exit_with_parent()
+sleeper = subprocess.Popen(["sleep", "600"])
+print(sleeper.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_process_ends_with_its_parent_and_takes_its_children_along(tmp_path):
+    """kill -9 of the parent: the child (a worker, the evaluation process, a reward worker) and what it
+    started are gone soon after, not left to write into a run folder --resume continues."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen(
+        ["bash", "-c", f"{sys.executable} -c '{CHILD}' > {tmp_path / 'pid'} & wait"], start_new_session=True
+    )
+    while not (tmp_path / "pid").read_text().strip() if (tmp_path / "pid").exists() else True:
+        time.sleep(0.1)
+    sleeper = int((tmp_path / "pid").read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    for _ in range(600):  # at most 60 s; the child looks every second
+        try:
+            os.kill(sleeper, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail("the child's own child outlived its parent by a minute")

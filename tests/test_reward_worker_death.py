@@ -65,6 +65,8 @@ def test_workers_killed_while_waiting_for_a_task_do_not_stop_the_pool():
     with started_scorer(workers=2) as scorer:
         for pid in scorer.worker_pids():
             os.kill(pid, signal.SIGKILL)
+        while any(worker.exitcode is None for worker in scorer._workers):  # both dead before the batch
+            time.sleep(0.01)
         assert scorer.submit(QUICK).get() == score_batch(QUICK, workers=0)
     assert (scorer.worker_deaths, scorer.restarts, scorer.timeouts) == (2, 0, 0)
 

@@ -1,9 +1,12 @@
 """Processes that end with the process that started them, whichever way that one ended."""
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import threading
 import time
+from pathlib import Path
 
 WATCH_S = 1.0
 
@@ -19,6 +22,24 @@ def exit_with_parent() -> None:
             time.sleep(WATCH_S)
         for child in multiprocessing.active_children():
             child.kill()
+        for pid in _child_pids():  # one still being spawned is not in active_children yet
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def _child_pids() -> list[int]:
+    """This process's children as the kernel knows them (Linux /proc; none found elsewhere)."""
+    me, pids = os.getpid(), []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # The field after the command name, which may itself hold spaces and parentheses.
+                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == me:
+                    pids.append(int(entry.name))
+    return pids
