@@ -83,6 +83,8 @@ def test_resume_hint_names_the_last_resumable_checkpoint_or_says_there_is_none(r
     [
         (-9, "was killed by signal 9 (SIGKILL)"),
         (-6, "was killed by signal 6 (SIGABRT)"),
+        (-15, "was killed by signal 15 (SIGTERM)"),
+        (-40, "was killed by signal 40"),  # a real-time signal has no name
         (1, "exited with code 1"),
     ],
 )

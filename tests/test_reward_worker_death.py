@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ggpo_offline.core.errors import UserError, how_it_ended
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.generate.rewards import RewardResult, RewardScorer, _deaths_message, score_batch
 
 # Exact big-integer powers: a few seconds of CPU in a worker, then reward 1, so a kill lands mid-item and
@@ -107,19 +107,6 @@ def test_workers_that_keep_dying_on_an_item_end_in_one_clear_error():
         "in dmesg) or give them more memory"
     )
     assert (scorer.worker_deaths, scorer.restarts, scorer.timeouts) == (3, 0, 0)
-
-
-@pytest.mark.parametrize(
-    ("exitcode", "expected"),
-    [
-        (-9, "was killed by signal 9 (SIGKILL)"),
-        (-15, "was killed by signal 15 (SIGTERM)"),
-        (-40, "was killed by signal 40"),
-        (1, "exited with code 1"),
-    ],
-)
-def test_how_a_worker_ended_is_named(exitcode, expected):
-    assert how_it_ended(exitcode) == expected
 
 
 def test_a_worker_that_crashed_rather_than_was_killed_points_at_its_error_output():
