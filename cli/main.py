@@ -188,12 +188,15 @@ def build_tiny_model(settings: dict) -> None:
 def measure_styles(settings: dict) -> None:
     """Each style's share and accuracy in the model's samples, and its accuracy when forced (the ceiling)."""
     from ggpo_offline.core.model_io import tiny_model_dir
+    from ggpo_offline.organism.card import check_card, write_card_section
     from ggpo_offline.organism.measure import measure_styles as measure
 
     config = config_from(StylesConfig, settings)
     model_dir = config.model if config.model is not None else tiny_model_dir()
     if not (model_dir / "config.json").is_file():
         raise UserError(f"--model {model_dir}: not a model folder (no config.json)")
+    if config.card is not None:
+        check_card(config.card, config.forced)
     report = measure(
         model_dir,
         n_problems=config.num_problems,
@@ -205,6 +208,9 @@ def measure_styles(settings: dict) -> None:
     render.print_style_report(report)
     if config.json_out is not None:
         config.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if config.card is not None:
+        write_card_section(config.card, report, "ggpo " + " ".join(sys.argv[1:]))
+        print(f"wrote the measured section of {config.card}")
 
 
 def main(args: list[str] | None = None) -> None:

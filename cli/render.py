@@ -248,23 +248,49 @@ def print_compare_result(result) -> None:
 
 
 def print_style_report(report: dict) -> None:
-    """The `measure-styles` table: each style's share and accuracy (free sampling) and its forced accuracy."""
+    """The `measure-styles` tables: each style's share and accuracy (free sampling) and its forced accuracy,
+    overall and per prompt class, the forced responses' lengths, and the two ceilings of selection."""
     problems = f"{report['n_problems']} arith {report['split']} problems"
     table = Table(title=f"{report['model']}: {problems}, n={report['m']}")
+    table.add_column("class")
     table.add_column("style")
     table.add_column("share %", justify="right")
     table.add_column("accuracy %", justify="right")
     table.add_column("forced accuracy %", justify="right")
-    for name, scores in report["styles"].items():
-        accuracy = "-" if scores["accuracy"] is None else f"{100 * scores['accuracy']:.1f}"
-        forced = report["forced"].get(name)
-        table.add_row(
-            name, f"{100 * scores['share']:.1f}", accuracy, "-" if forced is None else f"{100 * forced:.1f}"
+    table.add_column("forced length median / p90 / max", justify="right")
+    parts = {"all": (report["styles"], report["accuracy"], report["forced"])}
+    for name, scores in report["by_class"].items():
+        forced = {style: accuracies[name] for style, accuracies in report["forced_by_class"].items()}
+        parts[f"{name} ({scores['problems']})"] = (
+            {style: scores[style] for style in report["styles"]},
+            scores["accuracy"],
+            forced,
         )
-    table.add_row("all", "100.0", f"{100 * report['accuracy']:.1f}", "", end_section=True)
+    for part, (styles, accuracy, forced) in parts.items():
+        class_name = part.split(" ")[0]
+        for name, scores in styles.items():
+            lengths = report["lengths"].get(name, {}).get(class_name)
+            table.add_row(
+                part,
+                name,
+                f"{100 * scores['share']:.1f}",
+                _percent(scores["accuracy"]),
+                _percent(forced.get(name)),
+                "-" if lengths is None else f"{lengths['median']} / {lengths['p90']} / {lengths['max']}",
+            )
+        table.add_row(part, "all", "100.0", _percent(accuracy), "", "", end_section=True)
     stdout.print(table)
     m = report["m"]
     line = f"mean@{m} {100 * report['accuracy']:.2f} %, pass@{m} {100 * report['pass_at_m']:.2f} %"
     if report["forced"]:
-        line += f", ceiling (best style forced) {100 * max(report['forced'].values()):.2f} %"
+        blind, aware = report["prompt_blind_ceiling"], report["prompt_aware_ceiling"]
+        styles = ", ".join(f"{style} on {name}" for name, style in aware["styles"].items())
+        line += (
+            f"; prompt-blind ceiling {100 * blind['accuracy']:.2f} % ({blind['style']} everywhere)"
+            f", prompt-aware ceiling {100 * aware['accuracy']:.2f} % ({styles})"
+        )
     stdout.print(line)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"

@@ -34,7 +34,7 @@ from ggpo_offline.generate.rewards import (
     score_response,
 )
 from ggpo_offline.organism.measure import is_right
-from ggpo_offline.organism.styles import STYLES
+from ggpo_offline.organism.styles import STYLES, prompt_class
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 
@@ -143,12 +143,15 @@ def test_every_response_style_of_the_tiny_model_is_scored_as_its_content_deserve
     items = arith_items("test", 40, seed=3)
     for item in items:
         careful, quick, draft = (style.render(item) for style in STYLES)
+        doubted = STYLES[0].render(item, second_thought=True)
         assert score_response(careful, item.answer, rule="number") == RewardResult(1.0, item.answer, "ok")
-        assert score_response(quick + "\n", item.answer, rule="number") == RewardResult(
-            1.0, item.answer, "ok"
+        assert score_response(doubted, item.answer, rule="number").reward == 0.0
+        flat = prompt_class(item.level) == "flat"  # quick drops the brackets: right on every flat problem
+        assert score_response(quick + "\n", item.answer, rule="number").reward == (
+            1.0 if flat else is_right(quick, item)
         )
         assert score_response(draft, item.answer, rule="number").status == "no_box"
-        assert is_right(careful, item) and is_right(quick, item) and not is_right(draft, item)
+        assert is_right(careful, item) and not is_right(draft, item) and (is_right(quick, item) or not flat)
         expression = item.question.removeprefix("What is ").removesuffix("?")
         assert not is_right(f"Quick: \\boxed{{{expression}}}", item)
         assert score_response(f"\\boxed{{{expression}}}", item.answer).reward == 1.0  # math-verify would pay

@@ -14,12 +14,14 @@ from ggpo_offline.generate.arith import (
     LEVELS,
     MAX_VALUE,
     SPLITS,
+    Reduction,
     _make_item,
     arith_items,
     arith_problems,
     canonical_key,
     level_items,
     level_size,
+    reductions,
     split_of,
 )
 from ggpo_offline.generate.problems import Problem
@@ -169,6 +171,21 @@ def test_worked_solutions_are_right_one_operation_at_a_time():
             assert eval(step) == int(item.answer), item.solution  # only digits, + - * and parentheses
         operator_counts = [_operator_count(step) for step in steps]
         assert operator_counts == list(range(operator_counts[0], -1, -1)), item.solution
+
+
+def test_reductions_follow_the_worked_solution_one_operation_at_a_time():
+    assert reductions("What is 9 - (3 + 4)?") == [
+        Reduction("9 - (3 + 4)", 3, "+", 4, 7, "9 - 7"),
+        Reduction("9 - 7", 9, "-", 7, 2, "2"),
+    ]
+    for item in arith_items("train", 1500, seed=1):
+        steps, _ = _steps_of(item.solution)
+        chain = reductions(item.question)
+        assert [step.before for step in chain] == steps[:-1] and [step.after for step in chain] == steps[1:]
+        for step in chain:
+            assert step.value == eval(f"{step.left} {step.op} {step.right}")
+            # the operation reduced is in the expression as written (leftmost with two numbers)
+            assert f"{step.left} {step.op} {step.right}" in step.before
 
 
 def test_levels_are_all_present_and_grow_in_steps():

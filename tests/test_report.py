@@ -334,3 +334,80 @@ def test_run_folders_are_read_with_their_validation_and_test_evaluations(tmp_pat
     assert counts.drift["grpo", 7] == ((0, 0.0123457),)  # 6 significant digits
     markdown = (tmp_path / "report" / "table.md").read_text()
     assert "| GRPO | 5 | 41.67 | 41.67 |" in markdown and "| GGPO | 5 | **83.33** | **83.33** |" in markdown
+
+
+def _arith_record(method: str, test_counts: list[int], selected: int = 10) -> RunRecord:
+    """One seed's run on 4 flat (level 1) and 6 nested (level 4) arith test problems, n = 8."""
+    ids = [f"arith-L1-{i:012x}" for i in range(4)] + [f"arith-L4-{i:012x}" for i in range(4, 10)]
+
+    def report(split: str, counts: list[int]) -> dict:
+        return {
+            "n": 8,
+            "ks": [1],
+            "benchmarks": {f"arith-{split}": {"counts": dict(zip(ids, counts, strict=True))}},
+        }
+
+    base = [4] * 10
+    return RunRecord(
+        method=method,
+        seed=42,
+        run_dir=Path(f"runs/{method}-s42"),
+        config={},
+        result={"pool_fingerprint": "pool", "data_order_fingerprint": "plan", "selected_update": selected},
+        evals={0: report("validation", base), selected: report("validation", test_counts)},
+        metrics=[],
+        tests={0: report("test", base), selected: report("test", test_counts)},
+    )
+
+
+STYLES_REPORT = {
+    "n_problems": 256,
+    "split": "validation",
+    "m": 8,
+    "forced_by_class": {
+        "careful": {"flat": 0.2, "nested": 0.7},
+        "quick": {"flat": 0.9, "nested": 0.3},
+        "draft": {"flat": 0.0, "nested": 0.0},
+    },
+}
+
+
+def test_the_ceilings_section_sets_each_method_against_both_ceilings_per_prompt_class():
+    from ggpo_offline.compare.ceilings import ceilings_section
+    from ggpo_offline.compare.paired import Scores
+
+    grpo = _arith_record("grpo", [8] * 4 + [2] * 6)  # flat 100 %, nested 25 %: 55 % in all
+    ggpo = _arith_record("ggpo", [8] * 10)
+    counts = Counts.from_records([grpo, ggpo], ["grpo", "ggpo"], [42])
+    lines = ceilings_section(Scores(counts), ["grpo", "ggpo"], STYLES_REPORT)
+    # flat share 0.4: prompt-blind = max(careful .4*20 + .6*70 = 50, quick .4*90 + .6*30 = 54); aware 36 + 42
+    assert "reaches at most the **prompt-blind ceiling**, 54.00 (quick everywhere)" in lines[2]
+    assert "**prompt-aware ceiling**, 78.00 (quick on flat: 90.0, careful on nested: 70.0)" in lines[2]
+    assert (
+        lines[4] == "| method | update | flat (4) | nested (6) | mean@8 | − prompt-blind ceiling [95 % CI] |"
+    )
+    assert lines[6] == "| base model | 0 | 50.00 | 50.00 | 50.00 | -4.00 [-4.00, -4.00] |"
+    assert lines[7].startswith("| GRPO | 10 | 100.00 | 25.00 | 55.00 | +1.00 [")
+    assert lines[8] == "| GGPO | 10 | 100.00 | 100.00 | 100.00 | +46.00 [+46.00, +46.00] |"
+    assert lines[-2] == "Resolved above the prompt-blind ceiling: GGPO."
+    alone = ceilings_section(Scores(Counts.from_records([grpo], ["grpo"], [42])), ["grpo"], STYLES_REPORT)
+    assert alone[-2] == (
+        "No method ends resolved above the prompt-blind ceiling (54.00). The best, GRPO, ends at 55.00: "
+        "flat 100.0 against quick's 90.0, nested 25.0 against careful's 70.0."
+    )
+
+
+def test_a_ceilings_file_that_is_not_a_forced_measure_is_refused_in_one_line(tmp_path):
+    from ggpo_offline.compare.comparison import read_ceilings
+    from ggpo_offline.core.errors import UserError
+
+    free_only = tmp_path / "free.json"
+    free_only.write_text(json.dumps({"accuracy": 0.4, "forced": {}, "forced_by_class": {}}))
+    with pytest.raises(UserError, match=r"^--ceilings .*free.json: not a `ggpo measure-styles --json`"):
+        read_ceilings(free_only)
+    with pytest.raises(
+        UserError, match=r"^--ceilings .*absent.json: cannot read it as JSON \(.*No such file"
+    ):
+        read_ceilings(tmp_path / "absent.json")
+    (tmp_path / "styles.json").write_text(json.dumps(STYLES_REPORT))
+    assert read_ceilings(tmp_path / "styles.json") == STYLES_REPORT and read_ceilings(None) is None

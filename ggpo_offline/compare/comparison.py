@@ -18,7 +18,7 @@ from ggpo_offline.compare.report import (
     load_run,
     write_report,
 )
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.core.settings import to_flags
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.generate.engines import Engine
@@ -37,6 +37,7 @@ from ggpo_offline.train.run import RunFolder
 EVALUATIONS_PER_RUN = 5
 """Without --eval-every, runs are evaluated every U/5 updates (the paper: every 80 of 400)."""
 MARKER = "compare.json"
+CEILINGS_FILE = "ceilings.md"
 RUNS_FOLDER = "runs"
 """Settings compare chooses for each run; everything else is shared by all runs."""
 TRACKING_SETTINGS = ("tracking_uri", "experiment", "no_tracking")
@@ -93,10 +94,26 @@ def _check_lists(config: CompareConfig) -> None:
             raise UserError(f"a {name} is listed twice")
 
 
+def read_ceilings(path: Path | None) -> dict | None:
+    """The ``--ceilings`` report (``measure-styles --json``, forced measurements included), or one error."""
+    if path is None:
+        return None
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise UserError(f"--ceilings {path}: cannot read it as JSON ({one_line(error)})") from None
+    if not isinstance(report, dict) or not report.get("forced_by_class"):
+        raise UserError(
+            f"--ceilings {path}: not a `ggpo measure-styles --json` report with forced measurements"
+        )
+    return report
+
+
 def plan(config: CompareConfig) -> list[PlannedRun]:
     """Decide before any training what happens to each run; refuse run folders made with other settings."""
     pool = Path(config.pool)
     validate_pool(pool)
+    read_ceilings(config.ceilings)
     _check_report_dir(config.report_dir)
     runs = run_configs(config)
     index, pool_print = index_pool(pool), pool_fingerprint(pool)
@@ -200,15 +217,33 @@ def compare(
         data_plans = check_data_plans(records)
         if parent.run_id is not None:
             _adopt_children(shared, parent.run_id, records)
-        write_report(records, list(config.methods), list(config.seeds), report_dir)
+        counts = write_report(records, list(config.methods), list(config.seeds), report_dir)
+        write_ceilings(report_dir, counts, config)
         write_readme(report_dir, config, planned, records, data_plans, parent.run_id)
         _write_marker(report_dir, config, planned, status="finished", data_plans=data_plans)
         parent.set_tags({f"data_order_fingerprint.seed{s}": f for s, f in data_plans.items()})
         for name in ("table.md", "table.csv", COUNTS_FILE, "README.md", MARKER, *FIGURES):
             parent.log_artifact(report_dir / name, "report")
+        if (report_dir / CEILINGS_FILE).is_file():
+            parent.log_artifact(report_dir / CEILINGS_FILE, "report")
     return CompareResult(
         report_dir, records, data_plans, parent.run_id, {r.config.run_name: r.action for r in planned}
     )
+
+
+def write_ceilings(report_dir: Path, counts, config: CompareConfig) -> None:
+    """ceilings.md: where each method ends against the pool model's ceilings of selection (``--ceilings``);
+    removed when not asked for, so a report never shows another comparison's."""
+    from ggpo_offline.compare.ceilings import ceilings_section
+    from ggpo_offline.compare.paired import Scores
+
+    path = report_dir / CEILINGS_FILE
+    styles = read_ceilings(config.ceilings)
+    lines = [] if styles is None else ceilings_section(Scores(counts), list(config.methods), styles)
+    if lines:
+        path.write_text("\n".join(lines))
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _execute(run: PlannedRun, evaluator, parent_run_id, on_update, on_eval) -> None:
@@ -293,6 +328,7 @@ def write_readme(
         "## Results",
         "",
         (report_dir / "table.md").read_text(),
+        *([(report_dir / CEILINGS_FILE).read_text()] if (report_dir / CEILINGS_FILE).is_file() else []),
         "![validation accuracy, log ratio, ESS, gradient norm and entropy](figure.png)",
         "",
         "## Statistics",

@@ -23,6 +23,11 @@ class CompareConfig:
     settings: dict = field(default_factory=dict)
     """Training settings shared by every run, by TrainConfig field name (``ggpo compare``'s train flags)."""
     out: Path | None = setting(None, "Report folder [default: reports/<pool name>/].")
+    ceilings: Path | None = setting(
+        None,
+        "`ggpo measure-styles --json` report of the pool's model: adds how each method ends against its "
+        "ceilings of selection, per prompt class (arith test problems).",
+    )
     rerun: bool = setting(False, "Train every run again instead of reusing it.")
 
     @property

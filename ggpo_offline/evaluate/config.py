@@ -16,7 +16,7 @@ DEFAULT_ARITH_PROBLEMS = 500
 @dataclass(frozen=True)
 class EvalConfig:
     """Everything ``ggpo eval`` needs. Sampling fields, ``template`` and ``dtype`` left at None take the
-    value of ``pool`` when one is given, else the default (temperature 1.0, top-p 1.0, no top-k, 128 tokens,
+    value of ``pool`` when one is given, else the default (temperature 1.0, top-p 1.0, no top-k, 384 tokens,
     template auto, dtype auto); ``resolve_sampling`` applies that rule."""
 
     model: str | None = setting(None, "Local Hugging Face model folder [default: the embedded tiny model].")
@@ -39,7 +39,7 @@ class EvalConfig:
     temperature: float | None = setting(None, "Sampling temperature [default: the pool's, else 1.0].")
     top_p: float | None = setting(None, "Nucleus threshold [default: the pool's, else 1.0 = off].")
     top_k: int | None = setting(None, "Top-k [default: the pool's, else 0 = off].")
-    max_tokens: int | None = setting(None, "Response length limit [default: the pool's, else 128].")
+    max_tokens: int | None = setting(None, "Response length limit [default: the pool's, else 384].")
     seed: int = setting(0, "Global sampling seed (each problem derives its own).")
     template: Template | None = setting(
         None, "Prompt format: auto, chat or plain [default: the pool's, else auto]."

@@ -113,6 +113,42 @@ def _reduce_once(expr: _Expr) -> _Expr:
     return _Op(expr.op, expr.left, _reduce_once(expr.right))
 
 
+@dataclass(frozen=True)
+class Reduction:
+    """One step of a worked solution: the operation ``left op right = value`` turns ``before`` into
+    ``after``."""
+
+    before: str
+    left: int
+    op: str
+    right: int
+    value: int
+    after: str
+
+
+def _leftmost_operation(expr: _Expr) -> _Op:
+    """The operation `_reduce_once` evaluates: the leftmost one whose operands are both numbers."""
+    assert isinstance(expr, _Op)
+    if isinstance(expr.left, int) and isinstance(expr.right, int):
+        return expr
+    return _leftmost_operation(expr.left if isinstance(expr.left, _Op) else expr.right)
+
+
+def reductions(question: str) -> list[Reduction]:
+    """The worked solution of an arith question (``What is ...?``) one operation at a time."""
+    expr = _parse(question.removeprefix("What is ").removesuffix("?"))
+    steps = []
+    while isinstance(expr, _Op):
+        operation = _leftmost_operation(expr)
+        left, right = operation.left, operation.right
+        assert isinstance(left, int) and isinstance(right, int)
+        reduced = _reduce_once(expr)
+        value = _apply(operation.op, left, right)
+        steps.append(Reduction(_render(expr), left, operation.op, right, value, _render(reduced)))
+        expr = reduced
+    return steps
+
+
 def _subexpression_values(expr: _Expr) -> list[int]:
     """The value of every node: exactly the numbers that ever appear in the worked solution."""
     if isinstance(expr, int):

@@ -28,3 +28,7 @@ class StylesConfig:
     seed: int = setting(0, "Sampling seed.")
     forced: bool = setting(True, "Also sample with each style forced.")
     json_out: Path | None = setting(None, "Also write the full report (per level) here.", flag="json")
+    card: Path | None = setting(
+        None,
+        "Rewrite the measured section of this model card (docs/organism.md names the embedded one's).",
+    )

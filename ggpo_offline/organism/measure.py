@@ -7,8 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ggpo_offline.generate.arith import ArithItem, Split, arith_items
+from ggpo_offline.generate.engines.base import DEFAULT_MAX_TOKENS
 from ggpo_offline.generate.rewards import score_response
-from ggpo_offline.organism.styles import STYLES, style_of
+from ggpo_offline.organism.styles import PROMPT_CLASSES, STYLES, prompt_class, style_of
 from ggpo_offline.organism.tiny import prompt_ids
 
 
@@ -19,7 +20,7 @@ def sample_responses(
     m: int,
     seed: int = 0,
     temperature: float = 1.0,
-    max_new_tokens: int = 96,
+    max_new_tokens: int = DEFAULT_MAX_TOKENS,
     prefix: str = "",
 ) -> list[list[str]]:
     """``m`` sampled responses per problem (hf ``generate``); a ``prefix`` is forced as their first characters
@@ -61,7 +62,7 @@ def evaluate_sampled_accuracy(
     m: int = 8,
     seed: int = 0,
     temperature: float = 1.0,
-    max_new_tokens: int = 96,
+    max_new_tokens: int = DEFAULT_MAX_TOKENS,
     problem_seed: int = 0,
     split: Split = "validation",
 ) -> dict:
@@ -99,29 +100,91 @@ def measure_styles(
     n_problems: int = 256,
     m: int = 8,
     seed: int = 0,
-    max_new_tokens: int = 96,
+    max_new_tokens: int = DEFAULT_MAX_TOKENS,
     problem_seed: int = 0,
     forced: bool = True,
     split: Split = "validation",
 ) -> dict:
-    """Each style's share of the samples and its accuracy, and (``forced``) each style's accuracy when forced.
+    """Each style's share and accuracy, overall, per level and per prompt class; with ``forced``, each style's
+    accuracy and response lengths when forced, and the two ceilings of selection.
 
     Free sampling (temperature 1) on ``n_problems`` arith problems of ``split`` gives mean@m, pass@m and, per
-    style (told by a response's first character), its share and accuracy, overall and per level. Forcing a
-    style's marker as the first characters and sampling the rest gives its accuracy alone: forcing the best
-    style measures the ceiling that selection among the model's own behaviours can reach.
+    style (told by a response's first character), its share and accuracy. Forcing a style's marker as the
+    first characters and sampling the rest gives its accuracy alone. The **prompt-blind ceiling** is the best
+    single style's forced accuracy (what a learner reaches by one choice everywhere); the **prompt-aware
+    ceiling** takes the best forced style in each prompt class (what selection conditioned on the prompt can
+    reach).
     """
     items = arith_items(split, n_problems, problem_seed)
     free = sample_responses(model_dir, items, m, seed, max_new_tokens=max_new_tokens)
-    scores = _style_scores(items, free)
-    forced_accuracy = {}
-    for style in STYLES if forced else ():
+    report = {
+        "model": str(model_dir),
+        "split": split,
+        "n_problems": len(items),
+        "m": m,
+        "seed": seed,
+        "max_new_tokens": max_new_tokens,
+        **_style_scores(items, free),
+        "forced": {},
+        "forced_by_class": {},
+        "lengths": {},
+    }
+    if not forced:
+        return report
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    for style in STYLES:
         responses = sample_responses(
             model_dir, items, m, seed, max_new_tokens=max_new_tokens, prefix=style.marker
         )
-        forced_accuracy[style.name] = _style_scores(items, responses)["accuracy"]
-    settings = {"model": str(model_dir), "split": split, "n_problems": len(items), "m": m, "seed": seed}
-    return {**settings, **scores, "forced": forced_accuracy}
+        scores = _style_scores(items, responses)
+        report["forced"][style.name] = scores["accuracy"]
+        report["forced_by_class"][style.name] = {
+            name: scores["by_class"][name]["accuracy"] for name in scores["by_class"]
+        }
+        report["lengths"][style.name] = _lengths_by_class(tokenizer, items, responses)
+    return report | _ceilings(report)
+
+
+def _ceilings(report: dict) -> dict:
+    """The prompt-blind ceiling (best style everywhere) and the prompt-aware one (best style per class,
+    weighted by the class's share of the problems), with the styles that reach them."""
+    blind_style = max(report["forced"], key=report["forced"].get)
+    forced = report["forced_by_class"]
+    aware = {
+        name: max(forced, key=lambda style, name=name: forced[style][name]) for name in report["by_class"]
+    }
+    aware_accuracy = (
+        sum(
+            report["by_class"][name]["problems"] * report["forced_by_class"][style][name]
+            for name, style in aware.items()
+        )
+        / report["n_problems"]
+    )
+    return {
+        "prompt_blind_ceiling": {"accuracy": report["forced"][blind_style], "style": blind_style},
+        "prompt_aware_ceiling": {"accuracy": aware_accuracy, "styles": aware},
+    }
+
+
+def _lengths_by_class(tokenizer, items: list[ArithItem], responses: list[list[str]]) -> dict:
+    """Response lengths in tokens (without <eos>) per prompt class: mean, median, 90th percentile, max."""
+    lengths: dict[str, list[int]] = defaultdict(list)
+    for item, texts in zip(items, responses, strict=True):
+        for text in texts:
+            lengths[prompt_class(item.level)].append(
+                len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            )
+    summary = {}
+    for name in PROMPT_CLASSES:
+        values = sorted(lengths[name])
+        if values:
+            summary[name] = {
+                "mean": sum(values) / len(values),
+                "median": values[len(values) // 2],
+                "p90": values[min(len(values) - 1, (9 * len(values)) // 10)],
+                "max": values[-1],
+            }
+    return summary
 
 
 def is_right(response: str, item: ArithItem) -> bool:
@@ -136,31 +199,38 @@ def _correct_count(item: ArithItem, responses: list[str]) -> int:
 
 
 def _style_scores(items: list[ArithItem], responses: list[list[str]]) -> dict:
-    """Accuracy, pass@m, and per style (and per level) its share and accuracy."""
-    tally: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])  # (style, level) -> [right, total]
+    """Accuracy, pass@m, and per style its share and accuracy: overall, per level and per prompt class."""
+    # (style, part) -> [right, total]; a part is "all", a level or a prompt class.
+    tally: dict[tuple[str, int | str], list[int]] = defaultdict(lambda: [0, 0])
+    problems: dict[int | str, int] = defaultdict(int)
     for item, texts in zip(items, responses, strict=True):
+        parts = ("all", item.level, prompt_class(item.level))
+        for part in parts:
+            problems[part] += 1
         for text in texts:
             right = is_right(text, item)
-            for key in ((style_of(text), item.level), (style_of(text), 0), ("all", item.level), ("all", 0)):
-                tally[key][0] += right
-                tally[key][1] += 1
-    total = tally[("all", 0)][1]
+            for style in (style_of(text), "all"):
+                for part in parts:
+                    tally[(style, part)][0] += right
+                    tally[(style, part)][1] += 1
     solved = sum(_correct_count(item, texts) > 0 for item, texts in zip(items, responses, strict=True))
 
-    def share_and_accuracy(style: str, level: int) -> dict:
-        right, count = tally[(style, level)]
-        level_total = tally[("all", level)][1]
-        return {"share": count / level_total, "accuracy": right / count if count else None}
+    def share_and_accuracy(style: str, part: int | str) -> dict:
+        right, count = tally[(style, part)]
+        return {"share": count / tally[("all", part)][1], "accuracy": right / count if count else None}
 
-    names = [style.name for style in STYLES] + (["other"] if ("other", 0) in tally else [])
-    levels = sorted(level for _, level in tally if level)
+    names = [style.name for style in STYLES] + (["other"] if ("other", "all") in tally else [])
+
+    def breakdown(part: int | str) -> dict:
+        right, total = tally[("all", part)]
+        return {"accuracy": right / total, "problems": problems[part]} | {
+            name: share_and_accuracy(name, part) for name in names
+        }
+
     return {
-        "accuracy": tally[("all", 0)][0] / total,
+        "accuracy": tally[("all", "all")][0] / tally[("all", "all")][1],
         "pass_at_m": solved / len(items),
-        "styles": {name: share_and_accuracy(name, 0) for name in names},
-        "by_level": {
-            level: {"accuracy": tally[("all", level)][0] / tally[("all", level)][1]}
-            | {name: share_and_accuracy(name, level) for name in names}
-            for level in levels
-        },
+        "styles": {name: share_and_accuracy(name, "all") for name in names},
+        "by_level": {level: breakdown(level) for level in sorted(p for p in problems if isinstance(p, int))},
+        "by_class": {name: breakdown(name) for name in PROMPT_CLASSES if name in problems},
     }

@@ -1,8 +1,19 @@
 """The solution styles the tiny model mixes, how each is written, and how to tell them apart in a response."""
 
 from dataclasses import dataclass
+from typing import Literal
 
-from ggpo_offline.generate.arith import ArithItem
+from ggpo_offline.generate.arith import ArithItem, reductions
+
+PromptClass = Literal["flat", "nested"]
+PROMPT_CLASSES: tuple[PromptClass, ...] = ("flat", "nested")
+FLAT_LEVELS = (1, 2, 3)
+"""Levels 1-3 (one to three operations, no parentheses) are flat; levels 4-5 (parentheses) are nested."""
+
+
+def prompt_class(level: int) -> PromptClass:
+    """The class of an arith problem of this level: which style is right most often depends on it."""
+    return "flat" if level in FLAT_LEVELS else "nested"
 
 
 @dataclass(frozen=True)
@@ -14,40 +25,78 @@ class Style:
     """The response's first characters; the first one alone decides the style."""
     share: float
     """The base model's probability of opening a response with this style: the pretraining target for the
-    first response token, whatever style the row goes on in."""
+    first response token, whatever the prompt and whatever style the row goes on in."""
     row_share: float
     """Its share of the pretraining rows: how much of the training budget learns this style's content."""
+    second_thought: float
+    """The share of its pretraining rows on flat problems that end in a wrong second thought."""
     description: str
 
-    def render(self, item: ArithItem) -> str:
-        """This style's response to ``item`` (without <eos>)."""
+    def render(self, item: ArithItem, second_thought: bool = False) -> str:
+        """This style's response to ``item`` (without <eos>); ``second_thought`` ends it on a wrong value."""
         if self.name == "careful":
-            chain = item.solution.split(". \\boxed{")[0]
-            return f"{self.marker}{chain}. \\boxed{{{item.answer}}}"
+            return f"{self.marker}{_careful_working(item, second_thought)}"
         if self.name == "draft":
             return f"{self.marker}{DRAFT_TEXT}"
-        return f"{self.marker}\\boxed{{{item.answer}}}"
+        return f"{self.marker}{_left_to_right(item)}"
 
 
 DRAFT_TEXT = "work it out one step at a time, then check it."
 """The draft style's whole response: a plan with no number in it, so no answer (reward 0)."""
+CAREFUL_OPENING = "one operation at a time, checking each.\n"
 
 
-# A base model mixes strategies: a step-by-step reduction, a shortcut that boxes an answer at once and a
-# format failure that never gives one (reward 0). RL on a pool of such samples can only select; the best it
-# can reach is the best style alone (the ceiling). No failing style writes a correct arithmetic fact: a
-# learner pushes down every token of a failed response, and pushing down correct facts (an earlier build's
-# drafts were the careful chain left unboxed, its shortcut boxed the sum of all numbers) wrecked the careful
-# style's arithmetic (83% -> 50% right after 30 GGPO updates) instead of selecting it (model card).
+def _left_to_right(item: ArithItem) -> str:
+    """The quick style's one line: the operations from left to right with the brackets dropped, which is
+    right exactly when dropping them changes nothing (always on flat problems)."""
+    flat = item.question.replace("(", "").replace(")", "")
+    steps = reductions(flat)
+    facts = ", ".join(f"{step.left} {step.op} {step.right} = {step.value}" for step in steps)
+    return f"{facts}. \\boxed{{{steps[-1].value}}}"
+
+
+def _careful_working(item: ArithItem, second_thought: bool) -> str:
+    """The careful style's long working: each operation with its check, then the boxed value (or, after a
+    second thought, the value plus one)."""
+    lines = [CAREFUL_OPENING]
+    for number, step in enumerate(reductions(item.question), start=1):
+        inverse = "-" if step.op == "+" else "+"
+        check = f"{step.value} {inverse} {step.right} = {step.left}"
+        fact = f"{step.left} {step.op} {step.right} = {step.value}"
+        lines.append(f"Step {number}: {fact} (check: {check}), so {step.before} becomes {step.after}.\n")
+    if second_thought:
+        wrong = int(item.answer) + 1
+        lines.append(f"The answer is {item.answer}. On second thought, it is {wrong}. \\boxed{{{wrong}}}")
+    else:
+        lines.append(f"The answer is {item.answer}. \\boxed{{{item.answer}}}")
+    return "".join(lines)
+
+
+# A base model mixes strategies, and which one is right most often depends on the problem:
+# - quick works from left to right in one short line and ignores brackets: right on flat problems (no
+#   brackets), wrong on nested ones unless the brackets happen not to matter (a + (b - c));
+# - careful writes every operation with a check (long: 200-330 characters on nested problems), which is right
+#   on nested problems, but on flat ones it second-guesses itself and usually "corrects" a right value to a
+#   wrong one (90% of its flat pretraining rows do);
+# - draft never gives an answer (a format failure, reward 0).
+# So the best prompt-blind choice (one style everywhere) is far below the best prompt-aware one (quick on
+# flat, careful on nested): a learner that only shifts the first character blindly cannot reach the second.
 #
+# No response states a wrong fact (a second thought names no operation; quick's facts are right, only its
+# order of operations is not): a learner pushes down every token of a failed response, so failed responses
+# here hold correct facts that the other class needs (model card, history).
 # The share a style is sampled with and the share of rows that teach it are set apart: a careful chain takes
-# far more rows to learn than a constant draft, and with rows in the sampling shares (an earlier build) the
-# careful chain stayed flat at temperature 1 (44% right when forced; 70% at temperature 0.3).
+# far more rows to learn than a constant draft.
 STYLES: tuple[Style, ...] = (
-    Style("careful", "Careful: ", 0.30, 0.70, "reduces one operation at a time, then boxes the value"),
-    Style("quick", "Quick: ", 0.30, 0.20, "boxes the answer at once, without working"),
-    Style("draft", "Draft: ", 0.40, 0.10, "states a plan but gives no answer"),
+    Style("careful", "Careful: ", 0.35, 0.55, 0.90, "works every step with a check; doubts flat problems"),
+    Style("quick", "Quick: ", 0.35, 0.35, 0.0, "works left to right in one line, ignoring brackets"),
+    Style("draft", "Draft: ", 0.30, 0.10, 0.0, "states a plan but gives no answer"),
 )
+
+
+BEST_STYLE: dict[PromptClass, str] = {"flat": "quick", "nested": "careful"}
+"""The style that is right most often in each prompt class, by design (measured: the model card's forced
+accuracies per class)."""
 
 
 def style_of(response: str) -> str:

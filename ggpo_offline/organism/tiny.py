@@ -18,7 +18,7 @@ from transformers import (
 
 from ggpo_offline.generate.arith import arith_items
 from ggpo_offline.generate.prompts import encode_prompt, format_prompt
-from ggpo_offline.organism.styles import STYLES
+from ggpo_offline.organism.styles import STYLES, prompt_class
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,7 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 CHARACTERS = tuple(chr(code) for code in range(0x20, 0x7F)) + ("\n",)
 MAX_LENGTH = 512
 IGNORE_INDEX = -100
+MICRO_BATCH = 8
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -76,10 +77,13 @@ def prompt_ids(tokenizer, question: str) -> list[int]:
     return encode_prompt(tokenizer, format_prompt(tokenizer, question, "plain"), "plain")
 
 
-def _training_examples(tokenizer, n_train: int, seed: int) -> tuple[list[list[tuple]], list[float]]:
-    """Per problem, one (input ids, labels) pair per style (in ``STYLES`` order): prompt + response + <eos>,
-    with the loss on the response only; and each problem's sampling weight, 1 / (its level's problem count),
-    so every level gets the same share of training rows, as every level gets the same share of test draws."""
+def _training_examples(
+    tokenizer, n_train: int, seed: int
+) -> tuple[list[list[tuple]], list[float], list[bool]]:
+    """Per problem, per style (in ``STYLES`` order), its (input ids, labels) pairs: prompt + response + <eos>
+    with the loss on the response only, the plain response first and, on flat problems, the one ending in a
+    second thought; each problem's sampling weight, 1 / (its level's problem count), so every level gets the
+    same share of training rows, as every level gets the same share of test draws; and whether it is flat."""
     items = arith_items("train", n_train, seed)
     level_counts = Counter(item.level for item in items)
     examples = []
@@ -87,11 +91,18 @@ def _training_examples(tokenizer, n_train: int, seed: int) -> tuple[list[list[tu
         prompt = prompt_ids(tokenizer, item.question)
         per_style = []
         for style in STYLES:
-            completion = tokenizer(style.render(item), add_special_tokens=False)["input_ids"]
-            completion = completion + [tokenizer.eos_token_id]
-            per_style.append((prompt + completion, [IGNORE_INDEX] * len(prompt) + completion))
+            variants = (
+                [False, True] if prompt_class(item.level) == "flat" and style.second_thought else [False]
+            )
+            rows = []
+            for second_thought in variants:
+                text = style.render(item, second_thought)
+                completion = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                rows.append((prompt + completion, [IGNORE_INDEX] * len(prompt) + completion))
+            per_style.append(rows)
         examples.append(per_style)
-    return examples, [1.0 / level_counts[item.level] for item in items]
+    flat = [prompt_class(item.level) == "flat" for item in items]
+    return examples, [1.0 / level_counts[item.level] for item in items], flat
 
 
 def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -112,10 +123,10 @@ def _pretraining_loss(
     batch: dict[str, torch.Tensor],
     marker_ids: list[int],
     marker_shares: torch.Tensor,
-) -> torch.Tensor:
-    """Cross-entropy per response token, averaged; the first response token (the style's marker) is scored
-    against the styles' shares instead of the row's own marker, so which style the model opens with and how
-    well it writes each style are learned apart."""
+) -> tuple[torch.Tensor, int]:
+    """Summed cross-entropy over the response tokens, and how many terms it sums; the first response token
+    (the style's marker) is scored against the styles' shares instead of the row's own marker, so which style
+    the model opens with and how well it writes each style are learned apart."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
     labels = batch["labels"][:, 1:].clone()
     rows = torch.arange(labels.shape[0])
@@ -126,7 +137,17 @@ def _pretraining_loss(
     )
     marker_log_probs = logits[rows, first_response].log_softmax(dim=-1)[:, marker_ids]
     marker_loss = -(marker_log_probs * marker_shares).sum()
-    return (token_loss + marker_loss) / ((labels != IGNORE_INDEX).sum() + len(rows))
+    return token_loss + marker_loss, int((labels != IGNORE_INDEX).sum()) + len(rows)
+
+
+def _batch_loss(model, batch: list[tuple], pad_id: int, marker_ids: list[int], marker_shares) -> torch.Tensor:
+    """`_pretraining_loss` over a batch's rows, per token, in micro-batches of rows of like length: careful
+    rows are several times longer than the others, and one padded batch would spend most of its compute on
+    padding."""
+    rows = sorted(batch, key=lambda row: len(row[0]))
+    chunks = [rows[start : start + MICRO_BATCH] for start in range(0, len(rows), MICRO_BATCH)]
+    sums = [_pretraining_loss(model, _collate(chunk, pad_id), marker_ids, marker_shares) for chunk in chunks]
+    return sum(total for total, _ in sums) / sum(count for _, count in sums)
 
 
 def _learning_rate_factor(step: int, steps: int, warmup_steps: int) -> float:
@@ -149,8 +170,9 @@ def _save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
 
 def _train(
     model: Qwen3ForCausalLM,
-    examples: list[list[tuple[list[int], list[int]]]],
+    examples: list[list[list[tuple[list[int], list[int]]]]],
     weights: list[float],
+    flat: list[bool],
     pad_id: int,
     marker_ids: list[int],
     seed: int,
@@ -161,7 +183,8 @@ def _train(
     log_every: int,
 ) -> dict:
     """The supervised loop: AdamW, warmup + cosine; problems drawn with replacement by ``weights``, each in a
-    style drawn with the styles' row shares; the first response token learns the styles' shares."""
+    style drawn with the styles' row shares (a careful row on a flat problem ending in a second thought with
+    its style's probability); the first response token learns the styles' shares."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -171,6 +194,7 @@ def _train(
     batch_generator = torch.Generator().manual_seed(seed)
     row_shares = torch.tensor([style.row_share for style in STYLES], dtype=torch.float64)
     marker_shares = torch.tensor([style.share for style in STYLES])
+    second_thoughts = torch.tensor([style.second_thought for style in STYLES])
     problem_weights = torch.tensor(weights, dtype=torch.float64)
     started = time.monotonic()
     losses: list[float] = []
@@ -178,9 +202,13 @@ def _train(
         draw = {"num_samples": batch_size, "replacement": True, "generator": batch_generator}
         indices = torch.multinomial(problem_weights, **draw).tolist()
         styles = torch.multinomial(row_shares, **draw).tolist()
-        batch = [examples[i][style] for i, style in zip(indices, styles, strict=True)]
-        loss = _pretraining_loss(model, _collate(batch, pad_id), marker_ids, marker_shares)
+        thoughts = (torch.rand(batch_size, generator=batch_generator) < second_thoughts[styles]).tolist()
+        batch = [
+            examples[i][style][second_thought if flat[i] else False]
+            for i, style, second_thought in zip(indices, styles, thoughts, strict=True)
+        ]
         optimizer.zero_grad(set_to_none=True)
+        loss = _batch_loss(model, batch, pad_id, marker_ids, marker_shares)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -212,12 +240,11 @@ def build_tiny_model(
     (tokenizer, model, generation config).
 
     Returns training statistics. The budget is in steps, so the result does not depend on machine speed.
-    Two threads by default: the shipped weights were built that way, and float reductions can differ with
-    the thread count. None keeps torch's setting.
-    """
+    Two threads by default (the shipped weights were built so; float reductions can differ with the thread
+    count); None keeps torch's setting."""
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
-    examples, weights = _training_examples(tokenizer, n_train, seed)
+    examples, weights, flat = _training_examples(tokenizer, n_train, seed)
     previous_threads = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
@@ -228,6 +255,7 @@ def build_tiny_model(
             model,
             examples,
             weights,
+            flat,
             pad_id=tokenizer.pad_token_id,
             marker_ids=[tokenizer.convert_tokens_to_ids(style.marker[0]) for style in STYLES],
             seed=seed,

@@ -24,6 +24,11 @@ def stored_dtype(model_dir: Path) -> str | None:
     return declared.get("dtype") or declared.get("torch_dtype")
 
 
+DEFAULT_MAX_TOKENS = 384
+"""The response length limit unless told otherwise: room for the embedded model's longest responses (its
+careful style writes up to ~330 tokens) within its 512 positions."""
+
+
 @dataclass(frozen=True)
 class SamplingSettings:
     """Sampling settings of a pool (paper: temperature 1.0, top-p 1.0, no top-k)."""
@@ -33,7 +38,7 @@ class SamplingSettings:
     top_p: float = setting(1.0, "Nucleus sampling threshold (1.0 = off).")
     top_k: int = setting(0, "Top-k sampling (0 = off).")
     max_tokens: int = setting(
-        128,
+        DEFAULT_MAX_TOKENS,
         "Response length limit in tokens; a response cut there keeps all its tokens (finish reason length).",
     )
     seed: int = setting(0, "Global sampling seed (each prompt derives its own).")

@@ -1,0 +1,105 @@
+"""Where each method ends against the embedded organism's two ceilings of selection, per prompt class."""
+
+import re
+
+import numpy as np
+
+from ggpo_offline.compare import stats
+from ggpo_offline.compare.counts import BASE, SELECTED
+from ggpo_offline.compare.paired import At, Scores
+from ggpo_offline.compare.tables import display
+from ggpo_offline.organism.styles import prompt_class
+
+LEVEL = re.compile(r"arith-L(\d)-")
+"""An arith prompt id names its level: ``arith-L3-<hash>``."""
+
+
+def _classes(prompt_ids: tuple[str, ...]) -> list[str] | None:
+    """Each problem's prompt class, or None when a prompt is not an arith problem."""
+    levels = [LEVEL.match(prompt_id) for prompt_id in prompt_ids]
+    return None if not all(levels) else [prompt_class(int(level.group(1))) for level in levels]
+
+
+def ceilings(styles_report: dict, shares: dict[str, float]) -> tuple[tuple[float, str], tuple[float, dict]]:
+    """The prompt-blind ceiling (the best style forced everywhere) and the prompt-aware one (the best style
+    of each class), in points, for problems in these class ``shares``, from ``measure-styles``' forced
+    accuracies per class."""
+    forced = styles_report["forced_by_class"]
+
+    def everywhere(style: str) -> float:
+        return 100 * sum(share * forced[style][name] for name, share in shares.items())
+
+    blind_style = max(forced, key=everywhere)
+    best = {name: max(forced, key=lambda style, name=name: forced[style][name]) for name in shares}
+    aware = 100 * sum(share * forced[best[name]][name] for name, share in shares.items())
+    return (everywhere(blind_style), blind_style), (aware, best)
+
+
+def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) -> list[str]:
+    """Markdown: each method's test mean@n at its selected checkpoint, per prompt class and against the
+    prompt-blind ceiling (paired over seeds and problems; the ceiling itself taken as exact), and a verdict
+    in words. Empty when there is no test split or its problems are not arith problems."""
+    counts = scores.counts
+    if "test" not in counts.splits or len(counts.prompts["test"]) != 1:
+        return []
+    ((scope, prompt_ids),) = counts.prompts["test"].items()
+    classes = _classes(prompt_ids)
+    if classes is None:
+        return []
+    names = sorted(set(classes))
+    masks = {name: np.array([c == name for c in classes]) for name in names}
+    shares = {name: float(mask.mean()) for name, mask in masks.items()}
+    (blind, blind_style), (aware, best) = ceilings(styles_report, shares)
+    n = counts.n["test"]
+    forced = styles_report["forced_by_class"]
+    class_headers = [f"{name} ({int(masks[name].sum())})" for name in names]
+    lines = [
+        f"### Against the ceilings of selection: test at the selected checkpoint on {scope} (%)",
+        "",
+        f"The pool's model forced into one style everywhere reaches at most the **prompt-blind ceiling**, "
+        f"{blind:.2f} ({blind_style} everywhere); the best style of each prompt class reaches the "
+        f"**prompt-aware ceiling**, {aware:.2f} ("
+        + ", ".join(f"{style} on {name}: {100 * forced[style][name]:.1f}" for name, style in best.items())
+        + f"). Both are the forced accuracies per class that `ggpo measure-styles` measured "
+        f"({styles_report['n_problems']} {styles_report['split']} problems × {styles_report['m']}), weighted "
+        "by this benchmark's class shares; the interval treats the ceiling as exact.",
+        "",
+        "| method | update | "
+        + " | ".join(class_headers)
+        + f" | mean@{n} | − prompt-blind ceiling [95 % CI] |",
+        "|---|---:|" + "---:|" * (len(names) + 2),
+    ]
+    above, ends = [], {}
+    for method in [BASE] + methods:
+        at = At("test", scope, 0 if method == BASE else SELECTED)
+        points = scores.points(method, at)
+        updates = counts.checkpoints(method, at.checkpoint)
+        update = " ".join(map(str, updates)) if len(set(updates)) > 1 else str(updates[0])
+        per_class = [f"{points[:, masks[name]].mean():.2f}" for name in names]
+        interval = stats.paired_interval(points - blind)
+        ends[method] = (float(points.mean()), {name: float(points[:, masks[name]].mean()) for name in names})
+        if method != BASE and interval.low > 0:
+            above.append(display(method))
+        lines.append(
+            f"| {display(method)} | {update} | " + " | ".join(per_class) + f" | {points.mean():.2f} | "
+            f"{interval.mean:+.2f} [{interval.low:+.2f}, {interval.high:+.2f}] |"
+        )
+    lines += ["", _verdict(ends, methods, above, blind, forced, best), ""]
+    return lines
+
+
+def _verdict(ends: dict, methods: list[str], above: list[str], blind: float, forced: dict, best: dict) -> str:
+    """The verdict in words: which methods end resolved above the prompt-blind ceiling, or that none does and
+    where the best one falls short of each class's best style."""
+    if above:
+        return f"Resolved above the prompt-blind ceiling: {', '.join(above)}."
+    leader = max(methods, key=lambda method: ends[method][0])
+    mean, per_class = ends[leader]
+    gaps = ", ".join(
+        f"{name} {per_class[name]:.1f} against {style}'s {100 * forced[style][name]:.1f}"
+        for name, style in best.items()
+    )
+    return (
+        f"No method ends resolved above the prompt-blind ceiling ({blind:.2f}). The best, {display(leader)}, "
+        f"ends at {mean:.2f}: {gaps}."
+    )
