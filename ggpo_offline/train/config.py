@@ -201,14 +201,15 @@ PRESETS: dict[str, dict] = {
     # The embedded model and default pool, under one rule fixed before any learner was compared
     # (docs/results.md "How the presets were chosen"): every method reuses the GRPO baseline's learning rate,
     # chosen on validation (the paper's rule); T_ref is the paper's 160/400 of the run; U is set by the time
-    # budget of `make demo` (<= 12 min on 2 cores); the evaluation sizes are compute budgets (validation
-    # 128 problems x 8 at every evaluation; test 256 x 8 in `tiny`, 500 x 8 in `arc`, once per run at the
-    # end). Nothing was chosen on test.
+    # budget of `make demo` (<= 12 min on 2 cores, pool included); the evaluation sizes and points are
+    # compute budgets (validation 128 problems x 8 at every evaluation, every 10 updates in `tiny` since the
+    # organism's long responses; test 256 x 8 in `tiny`, 500 x 8 in `arc`, once per run at the end). Nothing
+    # was chosen on test.
     "tiny": {
         "groups_per_batch": 8,
         "updates": 20,
-        "eval_every": 5,
-        "lr": 1e-4,
+        "eval_every": 10,
+        "lr": 3e-4,
         "ref_refresh": 8,
         "ess_block": 8,
         "eval_n": 8,
@@ -221,7 +222,7 @@ PRESETS: dict[str, dict] = {
         "groups_per_batch": 8,
         "updates": 60,
         "eval_every": 6,
-        "lr": 1e-4,
+        "lr": 3e-4,
         "ref_refresh": 24,
         "ess_block": 8,
         "eval_n": 8,
