@@ -61,7 +61,7 @@ def test_compare_settings_are_checked_before_any_work(vllm_pool, tmp_path):
         tmp_path / "r" / "runs" / "grpo-s5",
         tmp_path / "r" / "runs" / "ggpo-s5",
     ]
-    assert {r.eval_every for r in runs} == {5}  # the tiny preset's own
+    assert {r.eval_every for r in runs} == {10}  # the tiny preset's own
     runs = run_configs(replace(config, methods=("grpo",), seeds=(5,), settings={"updates": 30}))
     assert [r.eval_every for r in runs] == [6]  # U/5 by default (paper: 80 of 400)
 

@@ -203,8 +203,8 @@ PRESETS: dict[str, dict] = {
     # chosen on validation (the paper's rule); T_ref is the paper's 160/400 of the run; U is set by the time
     # budget of `make demo` (<= 12 min on 2 cores, pool included); the evaluation sizes and points are
     # compute budgets (validation 128 problems x 8 at every evaluation, every 10 updates in `tiny` since the
-    # organism's long responses; test 256 x 8 in `tiny`, 500 x 8 in `arc`, once per run at the end). Nothing
-    # was chosen on test.
+    # organism's long responses; test 128 x 8 in `tiny` (256 before them), 500 x 8 in `arc`, once per run at
+    # the end). Nothing was chosen on test.
     "tiny": {
         "groups_per_batch": 8,
         "updates": 20,
@@ -214,7 +214,7 @@ PRESETS: dict[str, dict] = {
         "ess_block": 8,
         "eval_n": 8,
         "eval_num_problems": 128,
-        "test_num_problems": 256,
+        "test_num_problems": 128,
     },
     # `make arc`: the same rule on a run three times as long, to pass the methods' peaks (the paper's
     # 400-update shape), U set by the <= 45 min budget of `make arc` on 2 cores; evaluated at 11 points.
