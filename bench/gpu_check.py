@@ -213,10 +213,10 @@ def short_train(tmp: Path) -> list[str]:
         from ggpo_offline.train.trainer import train
     except ImportError as error:
         return [f"Skipped: {error} (the GPU machine has PyTorch and transformers only)."]
-    sampling = SamplingSettings(m=4, max_tokens=48, seed=3)
+    sampling = SamplingSettings(m=4, max_tokens=64, seed=3)
     pool = generate_pool(
         GenerateConfig(
-            num_prompts=12,
+            num_prompts=24,
             sampling=sampling,
             engine="hf",
             dtype="float32",

@@ -160,7 +160,7 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vl
 
     # Other settings never silently replace finished runs; --rerun does, with identical results.
     with pytest.raises(
-        UserError, match=r"other settings or another pool \(lr: 0.0001 -> 1e-05\); pass --rerun"
+        UserError, match=r"other settings or another pool \(lr: 0.0003 -> 1e-05\); pass --rerun"
     ):
         compare(replace(config, settings={**settings, "lr": 1e-5}), engine=vllm_engine)
     # A setting added after a run was made counts as matching when the wanted value is its default.

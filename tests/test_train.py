@@ -203,7 +203,7 @@ def test_every_method_trains_and_changes_the_policy(vllm_pool, tmp_path, method)
     assert [m["update"] for m in result.metrics] == [0, 1, 2]
     for record in result.metrics:
         assert all(np.isfinite(v) for k, v in record.items())
-        assert record["mismatch/ess"] <= 1 + 1e-9 and record["mismatch/k3"] >= 0
+        assert record["mismatch/ess"] <= 1 + 1e-6 and record["mismatch/k3"] >= 0  # float32: 1 + a few ulps
     assert result.metrics[0]["mismatch/drift"] != result.metrics[-1]["mismatch/drift"]
     assert (result.final_model / "model.safetensors").is_file()
 

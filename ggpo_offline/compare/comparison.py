@@ -291,7 +291,7 @@ def _write_marker(report_dir: Path, config: CompareConfig, planned, status: str,
 def reproduce_command(config: CompareConfig) -> str:
     """The ``ggpo compare`` command of this comparison: its lists, then the training settings as given."""
     words = ["ggpo", "compare", *to_flags(config, CompareConfig, only=("pool", "methods", "seeds"))]
-    words += to_flags(config, CompareConfig, only=("preset", "config_file"))
+    words += to_flags(config, CompareConfig, only=("preset", "config_file", "ceilings"))
     words += to_flags(config.settings, TrainConfig)
     words += to_flags(config, CompareConfig, only=("out",))
     return shlex.join(words)

@@ -20,14 +20,14 @@ class CompareConfig:
     config_file: Path | None = setting(
         None, "TOML/YAML/JSON file of training settings shared by all runs.", flag="config"
     )
-    settings: dict = field(default_factory=dict)
-    """Training settings shared by every run, by TrainConfig field name (``ggpo compare``'s train flags)."""
-    out: Path | None = setting(None, "Report folder [default: reports/<pool name>/].")
     ceilings: Path | None = setting(
         None,
         "`ggpo measure-styles --json` report of the pool's model: adds how each method ends against its "
         "ceilings of selection, per prompt class (arith test problems).",
     )
+    settings: dict = field(default_factory=dict)
+    """Training settings shared by every run, by TrainConfig field name (``ggpo compare``'s train flags)."""
+    out: Path | None = setting(None, "Report folder [default: reports/<pool name>/].")
     rerun: bool = setting(False, "Train every run again instead of reusing it.")
 
     @property
