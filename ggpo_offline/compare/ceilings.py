@@ -8,6 +8,7 @@ from ggpo_offline.compare import stats
 from ggpo_offline.compare.counts import BASE, SELECTED
 from ggpo_offline.compare.paired import At, Scores
 from ggpo_offline.compare.tables import display
+from ggpo_offline.organism.ceilings import selection_ceilings
 from ggpo_offline.organism.styles import prompt_class
 
 LEVEL = re.compile(r"arith-L(\d)-")
@@ -18,21 +19,6 @@ def _classes(prompt_ids: tuple[str, ...]) -> list[str] | None:
     """Each problem's prompt class, or None when a prompt is not an arith problem."""
     levels = [LEVEL.match(prompt_id) for prompt_id in prompt_ids]
     return None if not all(levels) else [prompt_class(int(level.group(1))) for level in levels]
-
-
-def ceilings(styles_report: dict, shares: dict[str, float]) -> tuple[tuple[float, str], tuple[float, dict]]:
-    """The prompt-blind ceiling (the best style forced everywhere) and the prompt-aware one (the best style
-    of each class), in points, for problems in these class ``shares``, from ``measure-styles``' forced
-    accuracies per class."""
-    forced = styles_report["forced_by_class"]
-
-    def everywhere(style: str) -> float:
-        return 100 * sum(share * forced[style][name] for name, share in shares.items())
-
-    blind_style = max(forced, key=everywhere)
-    best = {name: max(forced, key=lambda style, name=name: forced[style][name]) for name in shares}
-    aware = 100 * sum(share * forced[best[name]][name] for name, share in shares.items())
-    return (everywhere(blind_style), blind_style), (aware, best)
 
 
 def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) -> list[str]:
@@ -48,8 +34,11 @@ def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) ->
         return []
     names = sorted(set(classes))
     masks = {name: np.array([c == name for c in classes]) for name in names}
-    shares = {name: float(mask.mean()) for name, mask in masks.items()}
-    (blind, blind_style), (aware, best) = ceilings(styles_report, shares)
+    problems = {name: int(mask.sum()) for name, mask in masks.items()}
+    found = selection_ceilings(styles_report["forced_by_class"], problems)
+    blind = 100 * found["prompt_blind_ceiling"]["accuracy"]
+    blind_style = found["prompt_blind_ceiling"]["style"]
+    aware, best = 100 * found["prompt_aware_ceiling"]["accuracy"], found["prompt_aware_ceiling"]["styles"]
     n = counts.n["test"]
     forced = styles_report["forced_by_class"]
     class_headers = [f"{name} ({int(masks[name].sum())})" for name in names]

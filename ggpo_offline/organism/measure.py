@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ggpo_offline.generate.arith import ArithItem, Split, arith_items
 from ggpo_offline.generate.engines.base import DEFAULT_MAX_TOKENS
 from ggpo_offline.generate.rewards import score_response
+from ggpo_offline.organism.ceilings import selection_ceilings
 from ggpo_offline.organism.styles import PROMPT_CLASSES, STYLES, prompt_class, style_of
 from ggpo_offline.organism.tiny import prompt_ids
 
@@ -142,28 +143,8 @@ def measure_styles(
             name: scores["by_class"][name]["accuracy"] for name in scores["by_class"]
         }
         report["lengths"][style.name] = _lengths_by_class(tokenizer, items, responses)
-    return report | _ceilings(report)
-
-
-def _ceilings(report: dict) -> dict:
-    """The prompt-blind ceiling (best style everywhere) and the prompt-aware one (best style per class,
-    weighted by the class's share of the problems), with the styles that reach them."""
-    blind_style = max(report["forced"], key=report["forced"].get)
-    forced = report["forced_by_class"]
-    aware = {
-        name: max(forced, key=lambda style, name=name: forced[style][name]) for name in report["by_class"]
-    }
-    aware_accuracy = (
-        sum(
-            report["by_class"][name]["problems"] * report["forced_by_class"][style][name]
-            for name, style in aware.items()
-        )
-        / report["n_problems"]
-    )
-    return {
-        "prompt_blind_ceiling": {"accuracy": report["forced"][blind_style], "style": blind_style},
-        "prompt_aware_ceiling": {"accuracy": aware_accuracy, "styles": aware},
-    }
+    problems = {name: scores["problems"] for name, scores in report["by_class"].items()}
+    return report | selection_ceilings(report["forced_by_class"], problems)
 
 
 def _lengths_by_class(tokenizer, items: list[ArithItem], responses: list[list[str]]) -> dict:
