@@ -8,7 +8,7 @@ import typer
 from ggpo_cli import render
 from ggpo_cli.config_flags import with_config_flags
 
-from ggpo_offline.compare.config import ArcConfig, CompareConfig
+from ggpo_offline.compare.config import ArcConfig, CompareConfig, TuneConfig
 from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.core.settings import config_from
 from ggpo_offline.evaluate.config import EvalConfig
@@ -164,6 +164,16 @@ def arc_report(settings: dict) -> None:
     from ggpo_offline.compare.arc import arc_report as write
 
     out = write(config_from(ArcConfig, settings))
+    print(f"wrote {out}/README.md")
+
+
+@app.command("tune-report")
+@with_config_flags(TuneConfig)
+def tune_report(settings: dict) -> None:
+    """Each learner's learning rate chosen on validation from compares at several rates (make tune-lr)."""
+    from ggpo_offline.compare.tuning import tune_report as write
+
+    out = write(config_from(TuneConfig, settings))
     print(f"wrote {out}/README.md")
 
 

@@ -272,11 +272,17 @@ def test_the_arc_report_writes_every_file_and_its_tables_come_back_from_the_coun
         in readme
     )
     assert (
-        "U = 8 updates of G = 4 groups, lr 1e-05, β 0.01, T_ref 8 (learners that refresh π_ref), validation"
+        "U = 8 updates of G = 4 groups, lr 1e-5, β 0.01, T_ref 8 (learners that refresh π_ref), validation"
         " evaluation every 4 updates (4 problems × 8), test once per run at the end (4 problems)."
     ) in readme
     for name in ("table.md", "ablations.md", "styles.md"):
         assert (out / name).read_text() in readme
+    # Learners trained at their own rates (a preset's rate per learner): the README gives each one's.
+    for seed in (42, 1234):
+        path = second / "runs" / f"ggpo-s{seed}" / "config.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | {"lr": 3e-5}))
+    arc_report(arc_config)
+    assert "groups, lr per learner GRPO 1e-5, GGPO 3e-5, β 0.01" in (out / "README.md").read_text()
 
 
 def test_a_styles_seed_outside_the_seeds_is_refused_before_anything_is_read(tmp_path):

@@ -115,6 +115,11 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vl
     assert all(fingerprint in readme for fingerprint in result.data_plans.values())
     assert "ggpo compare --pool" in readme and "--eval-k 1,2,4" in readme
     assert "## Statistics" in readme and "crossed bootstrap over seeds and problems" in readme
+    # GRPO keeps π0 as its reference while GGPO refreshes it: that setting is listed per run, not as shared.
+    shared = readme.split("## Settings shared by every run")[1].split("## Settings that differ by run")[0]
+    differing = readme.split("## Settings that differ by run")[1].split("## Reproduce")[0]
+    assert "| updates | `4` |" in shared and "ref_refresh" not in shared
+    assert "| grpo-s1 |" in differing and "ref_refresh" in differing.splitlines()[2]
 
     # The base model is evaluated once and shared; the table's entries are the seed means of the reports.
     base_counts = {json.dumps(r.evals[0]["benchmarks"]["arith-validation"]["counts"]) for r in result.records}

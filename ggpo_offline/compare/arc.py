@@ -13,7 +13,7 @@ from ggpo_offline.compare.comparison import MARKER
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.report import STATISTICS, write_report
 from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run
-from ggpo_offline.compare.tables import display
+from ggpo_offline.compare.tables import display, interval_verdict, rate_text
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.inspect import pool_summary
@@ -50,6 +50,9 @@ def write_readme(config: ArcConfig, records: list[RunRecord]) -> None:
     info = PoolInfo.from_metadata(pool_summary(Path(records[0].config["pool"])).get("metadata", {}))
     settings = records[0].config
     refresh = [r.config["ref_refresh"] for r in records if r.config.get("ref_refresh") is not None]
+    rates = {display(r.method): rate_text(r.config["lr"]) for r in records}
+    one_rate = len(set(rates.values())) == 1
+    lr = rates.popitem()[1] if one_rate else "per learner " + ", ".join(f"{m} {v}" for m, v in rates.items())
     sections = [
         "# The offline arc on the embedded model (`make arc`)",
         "",
@@ -58,8 +61,8 @@ def write_readme(config: ArcConfig, records: list[RunRecord]) -> None:
         f"Methods: {', '.join(display(m) for m in config.methods)};"
         f" seeds {', '.join(map(str, config.seeds))};"
         f" pool `{settings['pool']}` ({info.model.name}, `{info.dataset_spec}`, m = {info.sampling.m});"
-        f" U = {settings['updates']} updates of G = {settings['groups_per_batch']} groups, lr"
-        f" {settings['lr']}, β {settings['beta']}, T_ref {refresh[0] if refresh else 'never'} (learners"
+        f" U = {settings['updates']} updates of G = {settings['groups_per_batch']} groups, lr {lr},"
+        f" β {settings['beta']}, T_ref {refresh[0] if refresh else 'never'} (learners"
         " that refresh π_ref), validation"
         f" evaluation every {settings['eval_every']} updates ({settings['eval_num_problems']} problems ×"
         f" {settings['eval_n']}), test once per run at the end ({settings['test_num_problems']} problems).",
@@ -90,7 +93,7 @@ def write_readme(config: ArcConfig, records: list[RunRecord]) -> None:
     (out / "README.md").write_text("\n".join(sections))
 
 
-def _part_records(part: Path) -> list[RunRecord]:
+def part_records(part: Path) -> list[RunRecord]:
     """The finished runs a compare report folder lists in its marker."""
     marker = part / MARKER
     if not marker.is_file():
@@ -108,7 +111,7 @@ def _records(parts: tuple[str, ...], methods: tuple[str, ...], seeds: tuple[int,
     """Every method x seed run, seed-major, from the parts' runs; UserError for a missing or doubled run."""
     found: dict[tuple[str, int], RunRecord] = {}
     for part in parts:
-        for record in _part_records(Path(part)):
+        for record in part_records(Path(part)):
             key = (record.method, record.seed)
             if key in found:
                 raise UserError(f"{record.method} seed {record.seed} is in two of the parts")
@@ -121,7 +124,7 @@ def _records(parts: tuple[str, ...], methods: tuple[str, ...], seeds: tuple[int,
 
 def _ablation_parts(folder: Path) -> dict[str, list[RunRecord]]:
     """Each ablation's runs by its folder name (e.g. beta-0.003)."""
-    return {p.name: _part_records(p) for p in sorted(folder.iterdir()) if (p / MARKER).is_file()}
+    return {p.name: part_records(p) for p in sorted(folder.iterdir()) if (p / MARKER).is_file()}
 
 
 def validation_points(record: RunRecord, update: int) -> np.ndarray:
@@ -157,8 +160,8 @@ def ablation_table(defaults: list[RunRecord], ablations: dict[str, list[RunRecor
             lines.append(
                 f"| {name} | {display(record.method)} | {record.seed} | "
                 f"{validation_points(record, peak).mean():.2f} ({peak}) | "
-                f"{validation_points(record, final).mean():.2f} | {_verdict(final_gap)} | "
-                f"{_verdict(peak_gap)} |"
+                f"{validation_points(record, final).mean():.2f} | {interval_verdict(final_gap)} | "
+                f"{interval_verdict(peak_gap)} |"
             )
     lines += ["", _defaults_line(defaults, ablations), ""]
     return "\n".join(lines)
@@ -176,10 +179,6 @@ def _defaults_line(defaults: list[RunRecord], ablations: dict[str, list[RunRecor
                 f"{validation_points(record, final).mean():.2f}"
             )
     return "Default settings (the arc preset): " + "; ".join(parts) + "."
-
-
-def _verdict(interval: stats.Interval) -> str:
-    return f"{interval.text()} {'resolved' if interval.resolved else 'not resolved'}"
 
 
 def styles_along(records: list[RunRecord], problems: int, json_out: Path) -> str:

@@ -316,7 +316,9 @@ def write_readme(
     Long because it is the page's template, section by section in the order the README shows them."""
     summary = pool_summary(Path(config.pool))
     info = PoolInfo.from_metadata(summary.get("metadata", {}))
-    shared = planned[0].config.to_dict()
+    configs = [run.config.to_dict() for run in planned]
+    shared = {k: v for k, v in configs[0].items() if all(c[k] == v for c in configs) and k not in PER_RUN}
+    varying = [k for k in configs[0] if k not in shared and k not in PER_RUN]
     lines = [
         f"# Comparison on `{Path(config.pool).name}`",
         "",
@@ -379,8 +381,22 @@ def write_readme(
         "",
         "| setting | value |",
         "|---|---|",
-        *[f"| {k} | `{v}` |" for k, v in shared.items() if k not in PER_RUN],
+        *[f"| {k} | `{v}` |" for k, v in shared.items()],
         "",
+    ]
+    if varying:
+        lines += [
+            "## Settings that differ by run",
+            "",
+            "| run | " + " | ".join(varying) + " |",
+            "|---|" + "---|" * len(varying),
+            *[
+                f"| {run.config.run_name} | " + " | ".join(f"`{c[k]}`" for k in varying) + " |"
+                for run, c in zip(planned, configs, strict=True)
+            ],
+            "",
+        ]
+    lines += [
         "## Reproduce",
         "",
         "```bash",

@@ -48,3 +48,13 @@ class ArcConfig:
     styles_seed: int = setting(42, "Seed whose runs are measured with measure-styles along the arc.")
     styles_problems: int = setting(128, "Validation problems of each measure-styles (x 8 samples).")
     out: Path = setting(Path("reports/arc"), "Report folder.")
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """What ``ggpo tune-report`` reads and where it writes."""
+
+    parts: tuple[str, ...] = setting(
+        help="Comma-separated compare report folders of one seed, each learner at one learning rate."
+    )
+    out: Path = setting(Path("reports/tuning"), "Report folder.")

@@ -24,8 +24,19 @@ def display(method: str) -> str:
     return "base model" if method == BASE else learner(method).label
 
 
+def rate_text(lr: float) -> str:
+    """A learning rate as people write it: 3e-4, 1.5e-5."""
+    mantissa, exponent = f"{lr:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
 def verdict(interval: stats.Interval) -> str:
     return "resolved" if interval.resolved else "not resolved"
+
+
+def interval_verdict(interval: stats.Interval) -> str:
+    """E.g. "+4.10 [+1.02, +7.31] resolved"."""
+    return f"{interval.text()} {verdict(interval)}"
 
 
 @dataclass(frozen=True)
