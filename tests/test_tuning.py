@@ -2,6 +2,7 @@
 highest on validation, the report comes back from its JSON alone, and a preset gives each learner its own."""
 
 import json
+from pathlib import Path
 
 import pytest
 from test_arc import BASE, _part, _write_run
@@ -94,3 +95,11 @@ def test_a_preset_gives_each_learner_its_tuned_rate_and_a_flag_still_wins():
     finally:
         del PRESETS["per-learner-test"]
     assert str(rates) == "per learner (docs/tuning), else 0.0003"
+
+
+def test_the_presets_rates_are_the_ones_the_committed_sweep_chose():
+    docs = Path(__file__).resolve().parents[1] / "docs" / "tuning"
+    sweep = json.loads((docs / TUNING_FILE).read_text())
+    assert chosen_rates(sweep) == TUNED_LR.chosen
+    assert tuning_tables(sweep) in (docs / "README.md").read_text()
+    assert sweep["settings"]["seed"] == 42 and sweep["settings"]["updates"] == PRESETS["tiny"]["updates"]
