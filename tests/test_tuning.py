@@ -34,7 +34,9 @@ def _sweep_parts(root, sweep=SWEEP, extra=None):
         runs = {}
         for (method, lr), evals in sweep.items():
             if lr == rate:
-                config = {"method": method, "lr": lr, "seed": 42, "updates": 8, "out": "x"} | (extra or {})
+                own = {"ref_refresh": None if method == "grpo" else 8}  # a learner's own: not the sweep's
+                config = {"method": method, "lr": lr, "seed": 42, "updates": 8, "out": "x"} | own
+                config |= extra or {}
                 runs[f"{method}-s42"] = _write_run(folder / "runs" / f"{method}-s42", 42, evals, config)
         parts.append(str(_part(folder, runs)))
     return tuple(parts)

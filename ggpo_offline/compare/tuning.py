@@ -12,9 +12,13 @@ from ggpo_offline.compare.arc import part_records
 from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.tables import display, interval_verdict, rate_text
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.train.learners import METHODS
+from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
 
 TUNING_FILE = "tuning.json"
 """Every sweep run's per-problem validation counts: the report is recomputed from it alone."""
+SWEPT = ("method", "lr", "out")
+"""What differs between the runs of a sweep; a learner's own settings may too."""
 
 
 def tune_report(config: TuneConfig) -> Path:
@@ -36,8 +40,9 @@ def tune_report(config: TuneConfig) -> Path:
 
 
 def sweep_counts(parts: tuple[str, ...]) -> dict:
-    """``{"n": n, "settings": ..., "runs": {method: {lr: {update: {prompt_id: correct}}}}}`` from the
-    finished runs of the parts, which must differ only in learner and learning rate (one seed)."""
+    """``{"n": n, "settings": ..., "runs": {method: {lr: {update: {prompt_id: correct}}}}}`` (learners in the
+    registry's order, rates ascending) from the finished runs of the parts, which must differ only in learner
+    (and its own settings) and learning rate (one seed)."""
     runs: dict[str, dict[str, dict]] = {}
     shared, n = None, None
     for part in parts:
@@ -45,7 +50,8 @@ def sweep_counts(parts: tuple[str, ...]) -> dict:
             lr = rate_text(record.config["lr"])
             if lr in runs.get(record.method, {}):
                 raise UserError(f"{record.method} at lr {lr} is in two of the parts")
-            settings = {k: v for k, v in record.config.items() if k not in ("method", "lr", "out")}
+            # Each learner keeps its own hyperparameters (and reference schedule); all else is the sweep's.
+            settings = {k: v for k, v in record.config.items() if k not in (*SWEPT, *LEARNER_SETTINGS)}
             if shared is not None and settings != shared:
                 differing = sorted(k for k in settings if settings[k] != shared.get(k))
                 raise UserError(
@@ -64,7 +70,12 @@ def sweep_counts(parts: tuple[str, ...]) -> dict:
             }
     if not runs:
         raise UserError(f"no finished run in {', '.join(parts)}")
-    return {"n": n, "settings": shared, "runs": runs}
+    ordered = {
+        method: dict(sorted(runs[method].items(), key=lambda item: float(item[0])))
+        for method in METHODS
+        if method in runs
+    }
+    return {"n": n, "settings": shared, "runs": ordered}
 
 
 def _points(counts: dict[str, int], n: int) -> np.ndarray:
