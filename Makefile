@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 ENGINE_STAMP := $(VENV)/.engine-$(if $(GPU),gpu,cpu)
 PROJECT_STAMP := $(VENV)/.project
 POOL ?= pools/base.parquet
+# The two cores that `make tune-lr` and `make arc` pin their side-by-side compares to.
+CORES ?= 0 1
 # The embedded model's forced accuracies per prompt class (its model card's measure): the demo's report sets
 # every method against the two ceilings of selection they give.
 CEILINGS ?= ggpo_offline/organism/tiny_model/styles.json
@@ -41,21 +43,31 @@ demo: setup
 	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234 --ceilings $(CEILINGS)
 
 # The second paper's learners beside GGPO and GRPO on the same pool and plan (docs/beyond/).
-BEYOND_METHODS ?= proximal-kl,pg,cispo,is-free,rft,ggpo,grpo
+BEYOND_METHODS ?= proximal-kl,pg,cispo,seq-is,is-free,rft,ggpo,grpo,grpo-tis
 beyond: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
 	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234 --methods $(BEYOND_METHODS) \
 		--ceilings $(CEILINGS) --out reports/beyond
 
-# How the presets' learning rate was chosen (docs/tuning/): the GRPO baseline at three rates, seed 42, the tiny
-# preset otherwise, judged on validation only (--no-test); every method then reuses the chosen rate.
-TUNE_LRS ?= 3e-5 1e-4 3e-4
+# How each learner's learning rate was chosen (docs/tuning/): every learner of the reports at three rates,
+# seed 42, the tiny preset otherwise, judged on validation only (--no-test); TUNED_LR in
+# ggpo_offline/train/config.py records the choice. Two compares per rate side by side, pinned as in `make arc`.
+TUNE_LRS ?= 3e-4 1e-4 3e-5
+TUNE_FIRST ?= grpo,agro,proximal-kl,cispo,is-free
+TUNE_SECOND ?= grpo-tis,ggpo,pg,seq-is,rft
+TUNE_OUT ?= reports/tuning
+TUNE := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42 --no-test --threads 1 --no-tracking
 tune-lr: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
-	for lr in $(TUNE_LRS); do $(BIN)/ggpo train --pool $(POOL) --method grpo --preset tiny --lr $$lr --no-test \
-		--no-tracking --overwrite --out reports/tuning/grpo-lr$$lr || exit 1; done
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); for lr in $(TUNE_LRS); do \
+	  $(TUNE) --methods $(TUNE_FIRST) --lr $$lr --out $(TUNE_OUT)/first-lr$$lr || exit 1; done ) & first=$$!; \
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); for lr in $(TUNE_LRS); do \
+	  $(TUNE) --methods $(TUNE_SECOND) --lr $$lr --out $(TUNE_OUT)/second-lr$$lr || exit 1; done ); \
+	second=$$?; wait $$first && [ $$second -eq 0 ]
+	parts=$$(for lr in $(TUNE_LRS); do printf '%s,' $(TUNE_OUT)/first-lr$$lr $(TUNE_OUT)/second-lr$$lr; done); \
+	$(BIN)/ggpo tune-report --parts $${parts%,} --out $(TUNE_OUT)
 
 # The paper's offline arc on the embedded model (docs/arc/): GRPO, GRPO+TIS, AGRO, GGPO and the second paper's
 # two best learners in `make beyond` (PG, Proximal KL: the highest validation mean@8 at seed 42's selected
@@ -70,7 +82,6 @@ ARC_OUT ?= reports/arc
 ARC_FIRST ?= grpo,grpo-tis,agro
 ARC_SECOND ?= ggpo,pg,proximal-kl
 ARC_SEEDS ?= 42,1234,2027
-ARC_CORES ?= 0 1
 ARC := $(BIN)/ggpo compare --pool $(ARC_POOL) --preset arc --threads 1 --no-tracking
 arc: setup
 	@if [ -f $(ARC_POOL) ]; then echo "$(ARC_POOL) exists; keeping it (delete it to regenerate)"; \
@@ -78,10 +89,10 @@ arc: setup
 	$(BIN)/ggpo pool validate $(ARC_POOL)
 	$(BIN)/ggpo pool score $(ARC_POOL)
 	mkdir -p $(ARC_OUT)/ablations
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(ARC_CORES)); \
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); \
 	  $(ARC) --methods $(ARC_FIRST) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/first \
 	  && $(ARC) --methods agro,ggpo --seeds 42 --beta 0.1 --out $(ARC_OUT)/ablations/beta-0.1 ) & first=$$!; \
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(ARC_CORES)); \
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); \
 	  $(ARC) --methods $(ARC_SECOND) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/second \
 	  && $(ARC) --methods agro,ggpo --seeds 42 --ref-refresh never --out $(ARC_OUT)/ablations/tref-never ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]

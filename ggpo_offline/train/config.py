@@ -214,7 +214,18 @@ TUNED_LR = PerLearner(
     # `make tune-lr` (docs/tuning): each learner's rate from 3e-5, 1e-4, 3e-4 by its validation mean@8 at the
     # selected checkpoint, seed 42, the tiny preset on the default pool. A learner outside the sweep gets the
     # GRPO baseline's rate (the paper's rule, which every learner followed before this organism).
-    chosen={},
+    chosen={
+        "ggpo": 1e-4,
+        "agro": 1e-4,
+        "grpo": 3e-4,
+        "grpo-tis": 1e-4,
+        "proximal-kl": 1e-4,
+        "pg": 1e-4,
+        "cispo": 1e-4,
+        "seq-is": 1e-4,
+        "is-free": 1e-4,
+        "rft": 3e-4,
+    },  # fmt: skip
     default=3e-4,
 )
 
