@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_arc import BASE, _part, _write_run
+from test_arc import BASE, TRAIN_SETTINGS, _part, _write_run
 from test_cli import assert_one_error_line, ggpo
 
 from ggpo_offline.compare.config import TuneConfig
@@ -35,8 +35,8 @@ def _sweep_parts(root, sweep=SWEEP, extra=None):
         for (method, lr), evals in sweep.items():
             if lr == rate:
                 own = {"ref_refresh": None if method == "grpo" else 8}  # a learner's own: not the sweep's
-                config = {"method": method, "lr": lr, "seed": 42, "updates": 8, "out": "x"} | own
-                config |= extra or {}
+                run = {"method": method, "lr": lr, "seed": 42, "pool": "p", "out": "x"}
+                config = TRAIN_SETTINGS | run | own | (extra or {})
                 runs[f"{method}-s42"] = _write_run(folder / "runs" / f"{method}-s42", 42, evals, config)
         parts.append(str(_part(folder, runs)))
     return tuple(parts)
@@ -49,6 +49,7 @@ def test_each_learner_gets_the_rate_whose_run_peaks_highest_and_the_report_comes
     assert sweep["runs"]["grpo"]["3e-4"]["4"] == {f"p{i}": 7 for i in range(8)}
     readme = (out / "README.md").read_text()
     assert tuning_tables(sweep) in readme  # the tables are recomputed from tuning.json alone
+    assert "seed 42, U = 8 updates of G = 4 groups, validation 4 problems × 8 every 4 updates" in readme
     assert (
         "| GRPO | 37.50 (4) | 62.50 (8) | **87.50 (4)** | 3e-4 (grid edge) | − 1e-4: +25.00 [+25.00, +25.00]"
         " resolved |" in readme

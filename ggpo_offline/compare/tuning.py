@@ -32,11 +32,24 @@ def tune_report(config: TuneConfig) -> Path:
         "",
         f"Written by ggpo-offline {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by"
         f" `ggpo tune-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}.",
+        _settings_line(sweep["settings"]),
         "",
         tuning_tables(sweep),
     ]
     (out / "README.md").write_text("\n".join(sections))
     return out
+
+
+def _settings_line(settings: dict) -> str:
+    return (
+        f"Every run: pool `{settings['pool']}`, seed {settings['seed']}, U = {settings['updates']} updates of"
+        f" G = {settings['groups_per_batch']} groups, validation {settings['eval_num_problems']} problems ×"
+        f" {settings['eval_n']} every {settings['eval_every']} updates,"
+        f" {'no test evaluation' if settings.get('no_test') else 'test evaluated but not read here'}."
+        f" `{TUNING_FILE}` holds"
+        " every evaluation's per-problem correct counts; the tables below are recomputed from it alone"
+        " (`tests/test_tuning.py` checks the committed copy)."
+    )
 
 
 def sweep_counts(parts: tuple[str, ...]) -> dict:
