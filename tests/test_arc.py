@@ -235,6 +235,7 @@ def test_the_arc_report_writes_every_file_and_its_tables_come_back_from_the_coun
         "table.md",
         "table.csv",
         COUNTS_FILE,
+        "diagnostics.csv",
         "ablations.md",
         "styles.md",
         "styles.json",

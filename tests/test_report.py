@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
-from ggpo_offline.compare.report import FIGURES, RunRecord, write_report, write_tables
+from ggpo_offline.compare.report import DIAGNOSTICS_FILE, FIGURES, RunRecord, write_report, write_tables
 from ggpo_offline.core.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -264,6 +264,11 @@ def test_counts_round_trip_and_recompute_the_tables_byte_for_byte(tmp_path):
     assert again == counts
     assert again.selected[("ggpo", 42)] == records[-3].result["selected_update"]
     assert again.drift[("grpo", 1234)][-1] == (39, 0.0139)
+    with (tmp_path / "written" / DIAGNOSTICS_FILE).open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == sum(len(r.metrics) for r in records)
+    last = next(r for r in rows if (r["method"], r["seed"], r["update"]) == ("grpo", "1234", "39"))
+    assert float(last["mismatch/drift"]) == pytest.approx(0.0139) and last["mismatch/ess"] == ""  # not logged
     agro_1234 = records[7].tests[40]["benchmarks"]["arith-test"]["counts"]
     assert again.matrix("agro", "test", "arith-test", 40)[1].tolist() == list(agro_1234.values())
     for name in FIGURES:

@@ -86,8 +86,8 @@ def write_readme(config: ArcConfig, records: list[RunRecord]) -> None:
         "",
         "`counts.json` holds every evaluation's per-problem correct counts (validation and test, every"
         " method, seed and update); `table.md` and `table.csv` are recomputed from it alone"
-        " (`tests/test_report.py` checks the committed copy). `styles.json` holds the full"
-        " measure-styles reports.",
+        " (`tests/test_report.py` checks the committed copy). `diagnostics.csv` holds every run's drift,"
+        " K3, ESS, entropy and gradient norm per update; `styles.json` the full measure-styles reports.",
         "",
     ]
     (out / "README.md").write_text("\n".join(sections))

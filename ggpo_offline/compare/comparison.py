@@ -11,6 +11,7 @@ from ggpo_offline import __version__
 from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.report import (
+    DIAGNOSTICS_FILE,
     FIGURES,
     STATISTICS,
     RunRecord,
@@ -222,7 +223,7 @@ def compare(
         write_readme(report_dir, config, planned, records, data_plans, parent.run_id)
         _write_marker(report_dir, config, planned, status="finished", data_plans=data_plans)
         parent.set_tags({f"data_order_fingerprint.seed{s}": f for s, f in data_plans.items()})
-        for name in ("table.md", "table.csv", COUNTS_FILE, "README.md", MARKER, *FIGURES):
+        for name in ("table.md", "table.csv", COUNTS_FILE, DIAGNOSTICS_FILE, "README.md", MARKER, *FIGURES):
             parent.log_artifact(report_dir / name, "report")
         if (report_dir / CEILINGS_FILE).is_file():
             parent.log_artifact(report_dir / CEILINGS_FILE, "report")
@@ -340,6 +341,7 @@ def write_readme(
         f"Files: `table.md` and `table.csv` (every number above), `{COUNTS_FILE}` (the per-problem correct"
         " counts of every evaluation, validation and test, from which both tables are recomputed exactly:"
         " `write_tables(Counts.read(path), folder)` with both from `ggpo_offline.compare.report`),"
+        f" `{DIAGNOSTICS_FILE}` (every run's drift, K3, ESS, entropy and gradient norm per update),"
         " `figure.png` and one PNG per panel.",
         "",
         "## Pool",

@@ -29,7 +29,15 @@ STATISTICS = (
 )
 """The README's Statistics paragraph: what the report's intervals, verdicts and splits mean."""
 
+DIAGNOSTICS_FILE = "diagnostics.csv"
+DIAGNOSTICS = (
+    "mismatch/drift", "mismatch/k3", "mismatch/ess", "mismatch/ess_block", "ref/log_ratio", "policy/entropy",
+    "optim/grad_norm", "train/response_length",
+)  # fmt: skip
+"""The training diagnostics diagnostics.csv keeps for every run and update (SPEC.md "Diagnostics")."""
+
 __all__ = [
+    "DIAGNOSTICS_FILE",
     "FIGURES",
     "Counts",
     "STATISTICS",
@@ -42,12 +50,25 @@ __all__ = [
 
 
 def write_report(records: list[RunRecord], methods: list[str], seeds: list[int], out: Path) -> Counts:
-    """counts.json, then the tables and figures computed from it, into ``out``."""
+    """counts.json and diagnostics.csv, then the tables and figures computed from them, into ``out``."""
     counts = Counts.from_records(records, methods, seeds)
     counts.write(out / COUNTS_FILE)
+    write_diagnostics(records, out / DIAGNOSTICS_FILE)
     write_tables(counts, out)
     write_figures(records, Scores(counts), methods, out)
     return counts
+
+
+def write_diagnostics(records: list[RunRecord], path: Path) -> None:
+    """Every run's training diagnostics per update, one row each (empty where a run logged none): the raw
+    data of the figures' diagnostic panels and of the ESS and drift the reports quote."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(("method", "seed", "update", *DIAGNOSTICS))
+        for record in records:
+            for row in record.metrics:
+                values = (row.get(name, "") for name in DIAGNOSTICS)
+                writer.writerow((record.method, record.seed, row["update"], *values))
 
 
 def write_tables(counts: Counts, out: Path) -> str:
