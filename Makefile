@@ -42,12 +42,13 @@ demo: setup
 	$(BIN)/ggpo pool validate $(POOL)
 	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234 --ceilings $(CEILINGS)
 
-# The second paper's learners beside GGPO and GRPO on the same pool and plan (docs/beyond/).
+# The second paper's learners beside GGPO, GRPO and GRPO+TIS on the same pool and plan (docs/beyond/); one
+# torch thread, so that runs trained side by side on two pinned cores are the same runs (and reused).
 BEYOND_METHODS ?= proximal-kl,pg,cispo,seq-is,is-free,rft,ggpo,grpo,grpo-tis
 beyond: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
-	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234 --methods $(BEYOND_METHODS) \
+	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234 --methods $(BEYOND_METHODS) --threads 1 \
 		--ceilings $(CEILINGS) --out reports/beyond
 
 # How each learner's learning rate was chosen (docs/tuning/): every learner of the reports at three rates,
@@ -70,8 +71,8 @@ tune-lr: setup
 	$(BIN)/ggpo tune-report --parts $${parts%,} --out $(TUNE_OUT)
 
 # The paper's offline arc on the embedded model (docs/arc/): GRPO, GRPO+TIS, AGRO, GGPO and the second paper's
-# two best learners in `make beyond` (PG, Proximal KL: the highest validation mean@8 at seed 42's selected
-# checkpoint among Proximal KL, PG, CISPO and IS-free) x the paper's three seeds, past the methods' peaks;
+# two best learners on validation (PG 60.35, Proximal KL 60.45: seed 42's selected checkpoint at each one's
+# rate in `make tune-lr`, among Proximal KL, PG, CISPO, seq-IS and IS-free) x the paper's three seeds;
 # then AGRO and GGPO on the paper's Table 6 axes (a fixed reference, T_ref never; stronger regularization,
 # beta 0.1; seed 42, validation). Two compares run side by side, each pinned to one core: vLLM's CPU engine
 # binds the threads of the process it runs in (and then ignores --threads), so two unpinned compares would
