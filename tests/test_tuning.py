@@ -56,6 +56,10 @@ def test_each_learner_gets_the_rate_whose_run_peaks_highest_and_the_report_comes
     )
     assert "| GGPO | – | **56.25 (8)** | 56.25 (4) | 1e-4 | − 3e-4: +0.00 [" in readme
     assert "| GGPO | 3e-4 | 25.00 | 56.25 | 25.00 |" in readme  # every evaluation, by update
+    diagnostics = (out / "diagnostics.csv").read_text().splitlines()
+    assert diagnostics[0].startswith("method,seed,lr,update,mismatch/drift,")
+    assert len(diagnostics) == 1 + len(SWEEP)  # one logged update per run here
+    assert "grpo,42,3e-05,0,0.01,,,,,,," in diagnostics
     assert readme.count("not resolved") == 2  # GGPO's tie, and the rule's note
 
 

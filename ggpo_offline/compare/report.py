@@ -59,16 +59,18 @@ def write_report(records: list[RunRecord], methods: list[str], seeds: list[int],
     return counts
 
 
-def write_diagnostics(records: list[RunRecord], path: Path) -> None:
+def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str, ...] = ()) -> None:
     """Every run's training diagnostics per update, one row each (empty where a run logged none): the raw
-    data of the figures' diagnostic panels and of the ESS and drift the reports quote."""
+    data of the figures' diagnostic panels and of the ESS and drift the reports quote. ``settings`` names
+    run settings that tell the runs apart beyond method and seed (a sweep's ``lr``)."""
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(("method", "seed", "update", *DIAGNOSTICS))
+        writer.writerow(("method", "seed", *settings, "update", *DIAGNOSTICS))
         for record in records:
+            chosen = [record.config[name] for name in settings]
             for row in record.metrics:
                 values = (row.get(name, "") for name in DIAGNOSTICS)
-                writer.writerow((record.method, record.seed, row["update"], *values))
+                writer.writerow((record.method, record.seed, *chosen, row["update"], *values))
 
 
 def write_tables(counts: Counts, out: Path) -> str:

@@ -10,6 +10,7 @@ from ggpo_offline import __version__
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.arc import part_records
 from ggpo_offline.compare.config import TuneConfig
+from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
 from ggpo_offline.compare.tables import display, interval_verdict, rate_text
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.learners import METHODS
@@ -22,11 +23,14 @@ SWEPT = ("method", "lr", "out")
 
 
 def tune_report(config: TuneConfig) -> Path:
-    """tuning.json, then the README's tables computed from it, into ``config.out``."""
-    sweep = sweep_counts(config.parts)
+    """tuning.json and diagnostics.csv, then the README's tables computed from the first, into
+    ``config.out``."""
+    records = [record for part in config.parts for record in part_records(Path(part))]
+    sweep = sweep_counts(records, config.parts)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     (out / TUNING_FILE).write_text(json.dumps(sweep, indent=1) + "\n")
+    write_diagnostics(records, out / DIAGNOSTICS_FILE, settings=("lr",))
     sections = [
         "# Each learner's learning rate, chosen on validation (`make tune-lr`)",
         "",
@@ -52,35 +56,34 @@ def _settings_line(settings: dict) -> str:
     )
 
 
-def sweep_counts(parts: tuple[str, ...]) -> dict:
+def sweep_counts(records: list[RunRecord], parts: tuple[str, ...]) -> dict:
     """``{"n": n, "settings": ..., "runs": {method: {lr: {update: {prompt_id: correct}}}}}`` (learners in the
-    registry's order, rates ascending) from the finished runs of the parts, which must differ only in learner
-    (and its own settings) and learning rate (one seed)."""
+    registry's order, rates ascending) from the finished runs of the sweep (read from ``parts``), which must
+    differ only in learner (and its own settings) and learning rate (one seed)."""
     runs: dict[str, dict[str, dict]] = {}
     shared, n = None, None
-    for part in parts:
-        for record in part_records(Path(part)):
-            lr = rate_text(record.config["lr"])
-            if lr in runs.get(record.method, {}):
-                raise UserError(f"{record.method} at lr {lr} is in two of the parts")
-            # Each learner keeps its own hyperparameters (and reference schedule); all else is the sweep's.
-            settings = {k: v for k, v in record.config.items() if k not in (*SWEPT, *LEARNER_SETTINGS)}
-            if shared is not None and settings != shared:
-                differing = sorted(k for k in settings if settings[k] != shared.get(k))
-                raise UserError(
-                    f"{record.run_dir}: the sweep's runs differ in more than learner and lr"
-                    f" ({', '.join(differing)})"
-                )
-            shared = settings
-            n = record.evals[0]["n"]
-            runs.setdefault(record.method, {})[lr] = {
-                str(update): {
-                    prompt: count
-                    for scores in report["benchmarks"].values()
-                    for prompt, count in scores["counts"].items()
-                }
-                for update, report in sorted(record.evals.items())
+    for record in records:
+        lr = rate_text(record.config["lr"])
+        if lr in runs.get(record.method, {}):
+            raise UserError(f"{record.method} at lr {lr} is in two of the parts")
+        # Each learner keeps its own hyperparameters (and reference schedule); all else is the sweep's.
+        settings = {k: v for k, v in record.config.items() if k not in (*SWEPT, *LEARNER_SETTINGS)}
+        if shared is not None and settings != shared:
+            differing = sorted(k for k in settings if settings[k] != shared.get(k))
+            raise UserError(
+                f"{record.run_dir}: the sweep's runs differ in more than learner and lr"
+                f" ({', '.join(differing)})"
+            )
+        shared = settings
+        n = record.evals[0]["n"]
+        runs.setdefault(record.method, {})[lr] = {
+            str(update): {
+                prompt: count
+                for scores in report["benchmarks"].values()
+                for prompt, count in scores["counts"].items()
             }
+            for update, report in sorted(record.evals.items())
+        }
     if not runs:
         raise UserError(f"no finished run in {', '.join(parts)}")
     ordered = {
