@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from ggpo_offline.compare.config import ArcConfig, CompareConfig
+from ggpo_offline.compare.config import ArcConfig, CompareConfig, TuneConfig
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import (
     choices,
@@ -42,6 +42,7 @@ COMMANDS = {
     "eval": [(EvalConfig, ())],
     "compare": [(CompareConfig, ("settings",)), (TrainConfig, PER_RUN)],
     "arc-report": [(ArcConfig, ())],
+    "tune-report": [(TuneConfig, ())],
     "build-tiny-model": [(TinyModelConfig, ())],
     "measure-styles": [(StylesConfig, ())],
     "pool score": [(ScoreConfig, ())],
@@ -161,7 +162,7 @@ def test_eval_config_round_trips_through_its_flags(monkeypatch, capsys):
 
 
 def test_compare_config_round_trips_through_its_flags(monkeypatch, capsys):
-    from ggpo_offline.compare import comparison
+    from ggpo_offline.compare import comparison, readme
 
     settings = {
         "updates": 7,
@@ -177,7 +178,7 @@ def test_compare_config_round_trips_through_its_flags(monkeypatch, capsys):
     [received] = run_cli(monkeypatch, capsys, comparison, "compare", ["compare", *flags])
     # the CLI hands the training flags on as given ("1,2"); resolve_config converts them for every run
     assert replace(received, settings=normalize(TrainConfig, received.settings, "flags")) == expected
-    assert comparison.reproduce_command(expected).split()[2:] == flags[:-1]  # --rerun: not a setting
+    assert readme.reproduce_command(expected).split()[2:] == flags[:-1]  # --rerun: not a setting
 
 
 def _help_of(path: str) -> tuple:

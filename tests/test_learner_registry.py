@@ -13,8 +13,9 @@ import pytest
 import typer
 from conftest import REPO
 
-from ggpo_offline.compare.comparison import _train_command, run_configs
+from ggpo_offline.compare.comparison import run_configs
 from ggpo_offline.compare.config import CompareConfig
+from ggpo_offline.compare.readme import train_command
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import TrainConfig, resolve_config
 from ggpo_offline.train.learners import (
@@ -135,7 +136,7 @@ def test_compare_refuses_a_setting_no_compared_method_reads_and_gives_each_run_i
     assert (by_method["ggpo"].beta, by_method["ggpo"].kl_coef) == (0.5, TrainConfig.kl_coef)
     assert (by_method["grpo"].beta, by_method["grpo"].kl_coef) == (TrainConfig.beta, 0.02)
     shared = replace(config, settings={"beta": 0.5, "kl_coef": 0.02})
-    commands = {run.method: _train_command(run, shared) for run in runs}  # each one `ggpo train` accepts
+    commands = {run.method: train_command(run, shared) for run in runs}  # each one `ggpo train` accepts
     assert "--beta 0.5" in commands["ggpo"] and "--kl-coef" not in commands["ggpo"]
     assert "--kl-coef 0.02" in commands["grpo"] and "--beta" not in commands["grpo"]
 
@@ -158,7 +159,7 @@ def test_each_runs_train_command_is_accepted_when_a_shared_config_file_sets_othe
         trained.append(resolved)
 
     for run in run_configs(config):
-        words = shlex.split(_train_command(run, config))
+        words = shlex.split(train_command(run, config))
         assert "--config" not in words
         with (
             mock.patch("ggpo_offline.train.trainer.train", capture),
