@@ -108,7 +108,8 @@ arc: setup
 	  && $(ARC) --methods agro,ggpo --seeds 42 --ref-refresh never --out $(ARC_OUT)/ablations/tref-never ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
 	$(BIN)/ggpo arc-report --methods $(ARC_FIRST),$(ARC_SECOND) --seeds $(ARC_SEEDS) \
-		--parts $(ARC_OUT)/first,$(ARC_OUT)/second --ablations $(ARC_OUT)/ablations --out $(ARC_OUT)
+		--parts $(ARC_OUT)/first,$(ARC_OUT)/second --ablations $(ARC_OUT)/ablations --ceilings $(CEILINGS) \
+		--out $(ARC_OUT)
 
 test: setup
 	$(BIN)/pytest -q -ra --durations=10

@@ -286,6 +286,52 @@ def test_the_arc_report_writes_every_file_and_its_tables_come_back_from_the_coun
     assert "groups, lr per learner GRPO 1e-5, GGPO 3e-5, β 0.01" in (out / "README.md").read_text()
 
 
+def test_with_ceilings_the_arc_report_sets_each_method_against_them_and_refuses_a_bad_file_first(
+    tmp_path, monkeypatch
+):
+    from test_report import STYLES_REPORT
+
+    from ggpo_offline.compare.ceilings import ceilings_section
+    from ggpo_offline.compare.paired import Scores
+
+    _fake_measure_styles(monkeypatch)
+    pool = tmp_path / "pool.parquet"
+    write_synthetic_pool(pool, metadata=synthetic_metadata(4) | {"dataset": {"spec": "arith:train"}})
+    first, second = _arc_parts(tmp_path, TRAIN_SETTINGS | {"pool": str(pool)})
+    arith_ids = {"p0": "arith-L1-0", "p1": "arith-L1-1", "p2": "arith-L4-2", "p3": "arith-L4-3"}
+    for run in tmp_path.glob("part-*/runs/*"):  # as compare tests the base model too
+        base = _scored(_report("arith-test", BASE, N))
+        RunFolder(run).test_report(0).write_text(json.dumps(base))
+    for path in tmp_path.glob("part-*/runs/*/eval/test/*.json"):  # test problems that name their class
+        report = json.loads(path.read_text())
+        scores = report["benchmarks"]["arith-test"]
+        scores["counts"] = {arith_ids[p]: c for p, c in scores["counts"].items()}
+        path.write_text(json.dumps(report))
+    styles = tmp_path / "styles.json"
+    styles.write_text(json.dumps(STYLES_REPORT))
+    out = tmp_path / "arc"
+    config = ArcConfig(
+        methods=("grpo", "ggpo"), parts=(str(first), str(second)), seeds=(42, 1234), ceilings=styles, out=out
+    )
+    arc_report(config)
+
+    expected = ceilings_section(Scores(Counts.read(out / COUNTS_FILE)), ["grpo", "ggpo"], STYLES_REPORT)
+    assert expected[0].startswith("### Against the ceilings of selection: test at the selected checkpoint")
+    assert (out / "ceilings.md").read_text() == "\n".join(expected)
+    readme = (out / "README.md").read_text()
+    assert "## Against the ceilings of selection\n\n" + "\n".join(expected) in readme
+    assert readme.index("## Results") < readme.index("## Against the ceilings") < readme.index("## What the")
+
+    free_only = tmp_path / "free.json"
+    free_only.write_text(json.dumps({"styles": {}, "forced_by_class": {}}))
+    (out / "styles.md").unlink()
+    with pytest.raises(UserError, match=r"^--ceilings .*free.json: not a `ggpo measure-styles --json`"):
+        arc_report(replace(config, ceilings=free_only))
+    assert not (out / "styles.md").exists()  # refused before the style measures
+    arc_report(replace(config, ceilings=None))  # a report without --ceilings shows no earlier one's
+    assert not (out / "ceilings.md").exists() and "## Against the ceilings" not in (out / "README.md").read_text()
+
+
 def test_a_styles_seed_outside_the_seeds_is_refused_before_anything_is_read(tmp_path):
     config = ArcConfig(
         methods=("grpo",), parts=(str(tmp_path / "none"),), seeds=(1234,), out=tmp_path / "arc"

@@ -9,6 +9,7 @@ import numpy as np
 
 from ggpo_offline import __version__
 from ggpo_offline.compare import stats
+from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings, write_ceilings
 from ggpo_offline.compare.comparison import MARKER
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.report import STATISTICS, write_report
@@ -25,16 +26,19 @@ STYLES_FILE = "styles.md"
 
 
 def arc_report(config: ArcConfig) -> Path:
-    """Write the arc's report into ``config.out``: tables (`write_report`), ablations.md and styles.md."""
+    """Write the arc's report into ``config.out``: tables (`write_report`), ceilings.md (with ``--ceilings``),
+    ablations.md and styles.md."""
     if config.styles_seed not in config.seeds:  # else no run to measure, and styles_along has no records
         raise UserError(
             f"--styles-seed {config.styles_seed} is not one of --seeds {','.join(map(str, config.seeds))}"
         )
+    read_ceilings(config.ceilings)  # a bad file is refused before the slow style measures
     records = _records(config.parts, config.methods, config.seeds)
     check_data_plans(records)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
-    write_report(records, list(config.methods), list(config.seeds), out)
+    counts = write_report(records, list(config.methods), list(config.seeds), out)
+    write_ceilings(out, counts, list(config.methods), config.ceilings)
     if config.ablations is not None:
         (out / ABLATIONS_FILE).write_text(ablation_table(records, _ablation_parts(config.ablations)))
     by_run = {(r.method, r.seed): r for r in records}
@@ -78,7 +82,11 @@ def write_readme(config: ArcConfig, records: list[RunRecord]) -> None:
         "![validation accuracy, log ratio, ESS, gradient norm and entropy](figure.png)",
         "",
     ]
-    for name, title in ((ABLATIONS_FILE, "Ablations"), (STYLES_FILE, "What the learners select")):
+    for name, title in (
+        (CEILINGS_FILE, "Against the ceilings of selection"),
+        (ABLATIONS_FILE, "Ablations"),
+        (STYLES_FILE, "What the learners select"),
+    ):
         if (out / name).is_file():
             sections += [f"## {title}", "", (out / name).read_text(), ""]
     sections += [

@@ -1,16 +1,20 @@
 """Where each method ends against the embedded organism's two ceilings of selection, per prompt class."""
 
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 
 from ggpo_offline.compare import stats
-from ggpo_offline.compare.counts import BASE, SELECTED
+from ggpo_offline.compare.counts import BASE, SELECTED, Counts
 from ggpo_offline.compare.paired import At, Scores
 from ggpo_offline.compare.tables import display
+from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.organism.ceilings import selection_ceilings
 from ggpo_offline.organism.styles import prompt_class
 
+CEILINGS_FILE = "ceilings.md"
 LEVEL = re.compile(r"arith-L(\d)-")
 """An arith prompt id names its level: ``arith-L3-<hash>``."""
 
@@ -92,3 +96,30 @@ def _verdict(ends: dict, methods: list[str], above: list[str], blind: float, for
         f"No method ends resolved above the prompt-blind ceiling ({blind:.2f}). The best, {display(leader)}, "
         f"ends at {mean:.2f}: {gaps}."
     )
+
+
+def read_ceilings(path: Path | None) -> dict | None:
+    """The ``--ceilings`` report (``measure-styles --json``, forced measurements included), or one error."""
+    if path is None:
+        return None
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise UserError(f"--ceilings {path}: cannot read it as JSON ({one_line(error)})") from None
+    if not isinstance(report, dict) or not report.get("forced_by_class"):
+        raise UserError(
+            f"--ceilings {path}: not a `ggpo measure-styles --json` report with forced measurements"
+        )
+    return report
+
+
+def write_ceilings(report_dir: Path, counts: Counts, methods: list[str], styles_path: Path | None) -> None:
+    """ceilings.md: where each method ends against the pool model's ceilings of selection (``--ceilings``);
+    removed when not asked for, so a report never shows another comparison's."""
+    path = report_dir / CEILINGS_FILE
+    styles = read_ceilings(styles_path)
+    lines = [] if styles is None else ceilings_section(Scores(counts), methods, styles)
+    if lines:
+        path.write_text("\n".join(lines))
+    else:
+        path.unlink(missing_ok=True)

@@ -7,9 +7,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ggpo_offline import __version__
+from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings, write_ceilings
 from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE
-from ggpo_offline.compare.readme import CEILINGS_FILE, reproduce_command, write_readme
+from ggpo_offline.compare.readme import reproduce_command, write_readme
 from ggpo_offline.compare.report import (
     DIAGNOSTICS_FILE,
     FIGURES,
@@ -18,7 +19,7 @@ from ggpo_offline.compare.report import (
     load_run,
     write_report,
 )
-from ggpo_offline.core.errors import UserError, one_line
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.generate.engines import Engine
 from ggpo_offline.pool.validate import validate_pool
@@ -88,21 +89,6 @@ def _check_lists(config: CompareConfig) -> None:
     for name, values in (("method", config.methods), ("seed", config.seeds)):
         if len(set(values)) != len(values):
             raise UserError(f"a {name} is listed twice")
-
-
-def read_ceilings(path: Path | None) -> dict | None:
-    """The ``--ceilings`` report (``measure-styles --json``, forced measurements included), or one error."""
-    if path is None:
-        return None
-    try:
-        report = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as error:
-        raise UserError(f"--ceilings {path}: cannot read it as JSON ({one_line(error)})") from None
-    if not isinstance(report, dict) or not report.get("forced_by_class"):
-        raise UserError(
-            f"--ceilings {path}: not a `ggpo measure-styles --json` report with forced measurements"
-        )
-    return report
 
 
 def plan(config: CompareConfig) -> list[PlannedRun]:
@@ -214,7 +200,7 @@ def compare(
         if parent.run_id is not None:
             _adopt_children(shared, parent.run_id, records)
         counts = write_report(records, list(config.methods), list(config.seeds), report_dir)
-        write_ceilings(report_dir, counts, config)
+        write_ceilings(report_dir, counts, list(config.methods), config.ceilings)
         write_readme(report_dir, config, planned, records, data_plans, parent.run_id)
         _write_marker(report_dir, config, planned, status="finished", data_plans=data_plans)
         parent.set_tags({f"data_order_fingerprint.seed{s}": f for s, f in data_plans.items()})
@@ -225,21 +211,6 @@ def compare(
     return CompareResult(
         report_dir, records, data_plans, parent.run_id, {r.config.run_name: r.action for r in planned}
     )
-
-
-def write_ceilings(report_dir: Path, counts, config: CompareConfig) -> None:
-    """ceilings.md: where each method ends against the pool model's ceilings of selection (``--ceilings``);
-    removed when not asked for, so a report never shows another comparison's."""
-    from ggpo_offline.compare.ceilings import ceilings_section
-    from ggpo_offline.compare.paired import Scores
-
-    path = report_dir / CEILINGS_FILE
-    styles = read_ceilings(config.ceilings)
-    lines = [] if styles is None else ceilings_section(Scores(counts), list(config.methods), styles)
-    if lines:
-        path.write_text("\n".join(lines))
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _execute(run: PlannedRun, evaluator, parent_run_id, on_update, on_eval) -> None:

@@ -9,6 +9,12 @@ DEFAULT_METHODS = ("grpo", "grpo-tis", "agro", "ggpo")
 DEFAULT_SEEDS = (42, 1234, 2027)
 
 
+CEILINGS_HELP = (
+    "`ggpo measure-styles --json` report of the pool's model: adds how each method ends against its "
+    "ceilings of selection, per prompt class (arith test problems)."
+)
+
+
 @dataclass(frozen=True)
 class CompareConfig:
     """What ``ggpo compare`` runs and where it writes."""
@@ -20,11 +26,7 @@ class CompareConfig:
     config_file: Path | None = setting(
         None, "TOML/YAML/JSON file of training settings shared by all runs.", flag="config"
     )
-    ceilings: Path | None = setting(
-        None,
-        "`ggpo measure-styles --json` report of the pool's model: adds how each method ends against its "
-        "ceilings of selection, per prompt class (arith test problems).",
-    )
+    ceilings: Path | None = setting(None, CEILINGS_HELP)
     settings: dict = field(default_factory=dict)
     """Training settings shared by every run, by TrainConfig field name (``ggpo compare``'s train flags)."""
     out: Path | None = setting(None, "Report folder [default: reports/<pool name>/].")
@@ -45,6 +47,7 @@ class ArcConfig:
     ablations: Path | None = setting(
         None, "Folder of compare reports, one per ablation setting, each beside the default runs."
     )
+    ceilings: Path | None = setting(None, CEILINGS_HELP)
     styles_seed: int = setting(42, "Seed whose runs are measured with measure-styles along the arc.")
     styles_problems: int = setting(128, "Validation problems of each measure-styles (x 8 samples).")
     out: Path = setting(Path("reports/arc"), "Report folder.")

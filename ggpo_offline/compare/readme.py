@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ggpo_offline import __version__
+from ggpo_offline.compare.ceilings import CEILINGS_FILE
 from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, STATISTICS
@@ -14,8 +15,6 @@ from ggpo_offline.core.settings import to_flags
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.train.config import PER_RUN, TrainConfig, given_settings
-
-CEILINGS_FILE = "ceilings.md"
 
 
 def reproduce_command(config: CompareConfig) -> str:
