@@ -13,6 +13,7 @@ from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.core.settings import config_from
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.generate.config import GenerateConfig
+from ggpo_offline.importing.config import ImportConfig
 from ggpo_offline.organism.config import StylesConfig, TinyModelConfig
 from ggpo_offline.pool.config import MergeConfig
 from ggpo_offline.train.config import PER_RUN, PRESETS, ScoreConfig, TrainConfig
@@ -25,7 +26,7 @@ app = typer.Typer(
     help="Offline fixed-pool RLVR experiments.",
 )
 pool_app = typer.Typer(
-    no_args_is_help=True, rich_markup_mode=None, help="Look at, check, score and merge pools."
+    no_args_is_help=True, rich_markup_mode=None, help="Look at, check, score, merge and import pools."
 )
 POOL_ARGUMENT = "Pool file, or directory of shard files."
 app.add_typer(pool_app, name="pool")
@@ -89,6 +90,23 @@ def pool_merge(
 
     config = config_from(MergeConfig, settings)
     print(f"wrote {merge_pool(directory, config.out, config.overwrite)}")
+
+
+@pool_app.command("import")
+@with_config_flags(ImportConfig)
+def pool_import(
+    sources: list[Path] = typer.Argument(..., help="Files written by the source, or folders holding them."),
+    *,
+    settings: dict,
+) -> None:
+    """Write a pool from rollouts another tool wrote: NeMo-RL, prime-rl, TRL rollout_func output, vLLM server
+    responses or the generic record (README, "Bring your own rollouts")."""
+    from ggpo_offline.importing.importer import import_pool
+
+    result = import_pool(config_from(ImportConfig, settings), sources)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"wrote {result.path}: {result.groups} groups x {result.m} = {result.responses} responses")
 
 
 @app.command("train")

@@ -14,6 +14,7 @@ STAGES = ("core", "pool", "generate", "evaluate", "train", "compare")
 """The pipeline's stages, lowest first: each imports only from itself and the stages before it."""
 ALLOWED: dict[str, set[str]] = {stage: set(STAGES[:i]) for i, stage in enumerate(STAGES)}
 ALLOWED["organism"] = {"core", "pool", "generate"}  # the tiny model sits on generation
+ALLOWED["importing"] = {"core", "pool", "generate", "train"}  # rollouts of other tools, scored as train does
 ALLOWED["compare"] |= {"organism"}  # the offline arc's report measures the organism's styles along the arc
 FORBIDDEN_TOP = ("ggpo_cli", "cli")
 """The CLI sits on top of the library; nothing in it may reach back up."""

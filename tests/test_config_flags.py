@@ -30,6 +30,7 @@ from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.generate.config import GenerateConfig
 from ggpo_offline.generate.datasets import DatasetColumns
 from ggpo_offline.generate.engines import SamplingSettings
+from ggpo_offline.importing.config import ImportConfig
 from ggpo_offline.organism.config import StylesConfig, TinyModelConfig
 from ggpo_offline.pool.config import MergeConfig
 from ggpo_offline.train.config import PER_RUN, ScoreConfig, TrainConfig, resolve_config
@@ -47,6 +48,7 @@ COMMANDS = {
     "measure-styles": [(StylesConfig, ())],
     "pool score": [(ScoreConfig, ())],
     "pool merge": [(MergeConfig, ())],
+    "pool import": [(ImportConfig, ())],
 }
 """Each command's settings dataclasses and the fields that are not its flags."""
 NOT_READ_BY_GRPO_TIS = ("beta", "clip", "horizon", "cost_bound", "cispo_low", "cispo_high")
