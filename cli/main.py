@@ -14,7 +14,7 @@ from ggpo_offline.core.settings import config_from
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.generate.config import GenerateConfig
 from ggpo_offline.importing.config import ImportConfig
-from ggpo_offline.organism.config import StylesConfig, TinyModelConfig
+from ggpo_offline.organism.config import RehearsalModelConfig, StylesConfig, TinyModelConfig
 from ggpo_offline.pool.config import MergeConfig
 from ggpo_offline.train.config import PER_RUN, PRESETS, ScoreConfig, TrainConfig
 from ggpo_offline.train.options import TrainOptions
@@ -202,10 +202,27 @@ def build_tiny_model(settings: dict) -> None:
     from ggpo_offline.organism.tiny import build_tiny_model as build
 
     config = config_from(TinyModelConfig, settings)
-    out = config.out
-    if out.exists() and any(out.iterdir()) and not config.overwrite:
+    _refuse_a_full_folder(config.out, config.overwrite)
+    _print_built(config.out, build(config.out, seed=config.seed, steps=config.steps))
+
+
+@app.command("build-rehearsal-model")
+@with_config_flags(RehearsalModelConfig)
+def build_rehearsal_model(settings: dict) -> None:
+    """Build the rehearsal model in seconds: a small Qwen3 with a byte-level BPE and Qwen's chat template."""
+    from ggpo_offline.organism.rehearsal import build_rehearsal_model as build
+
+    config = config_from(RehearsalModelConfig, settings)
+    _refuse_a_full_folder(config.out, config.overwrite)
+    _print_built(config.out, build(config.out, seed=config.seed))
+
+
+def _refuse_a_full_folder(out: Path, overwrite: bool) -> None:
+    if out.exists() and any(out.iterdir()) and not overwrite:
         raise UserError(f"{out} exists and is not empty; pass --overwrite to write into it")
-    stats = build(out, seed=config.seed, steps=config.steps)
+
+
+def _print_built(out: Path, stats: dict) -> None:
     print(
         f"wrote {out}: " + ", ".join(f"{k}={v}" for k, v in stats.items() if not isinstance(v, (list, dict)))
     )

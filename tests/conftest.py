@@ -123,3 +123,33 @@ def hf_pool(tmp_path_factory) -> Path:
         reward_workers=0,
     )
     return generate_pool(config)
+
+
+@pytest.fixture(scope="session")
+def rehearsal_dir(tmp_path_factory) -> Path:
+    """The rehearsal model (a small Qwen3 with a byte-level BPE and a chat template), built once (seed 0)."""
+    from ggpo_offline.organism.rehearsal import build_rehearsal_model
+
+    out = tmp_path_factory.mktemp("rehearsal") / "model"
+    build_rehearsal_model(out, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def rehearsal_pool(tmp_path_factory, rehearsal_dir) -> Path:
+    """A float32 hf pool of the rehearsal model with its chat template: 16 prompts x 16 responses of at most
+    32 tokens (m = 16: the random model is right only by chance, so groups of 16 are mixed often enough)."""
+    from ggpo_offline.generate.engines import SamplingSettings
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
+
+    config = GenerateConfig(
+        model=str(rehearsal_dir),
+        template="chat",
+        num_prompts=16,
+        sampling=SamplingSettings(m=16, max_tokens=32, seed=0),
+        engine="hf",
+        dtype="float32",
+        out=tmp_path_factory.mktemp("rehearsal-pool") / "pool.parquet",
+        reward_workers=0,
+    )
+    return generate_pool(config)

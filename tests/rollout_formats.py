@@ -69,6 +69,41 @@ def write_vllm_completions(pool: Path, folder: Path) -> list[Path]:
     return [_write_lines(folder / "responses.jsonl", lines)]
 
 
+def write_vllm_chat(pool: Path, folder: Path) -> list[Path]:
+    """One saved /v1/chat/completions response per group (n = m, logprobs true, return_token_ids), with the
+    gold beside it. Layout: vllm-project/vllm entrypoints/openai/chat_completion/protocol.py
+    (ChatCompletionResponse: prompt_token_ids once per response; choices[].token_ids; logprobs.content, one
+    entry per token id)."""
+    lines = []
+    for number, group in enumerate(pool_groups(pool)):
+        choices = [
+            {
+                "index": row["sample_idx"],
+                "message": {"role": "assistant", "content": row["response"], "reasoning": None},
+                "logprobs": {
+                    "content": [
+                        {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                        for t, lp in zip(row["response_token_ids"], row["behavior_logprobs"], strict=True)
+                    ]
+                },
+                "finish_reason": row["finish_reason"],
+                "stop_reason": None,
+                "token_ids": row["response_token_ids"],
+            }
+            for row in group
+        ]
+        response = {
+            "id": f"chatcmpl-{number}",
+            "object": "chat.completion",
+            "model": "m",
+            "choices": choices,
+            "prompt_logprobs": None,
+            "prompt_token_ids": group[0]["prompt_token_ids"],
+        }
+        lines.append({"response": response, "answer": group[0]["answer"]})
+    return [_write_lines(folder / "chat.jsonl", lines)]
+
+
 def write_trl(pool: Path, folder: Path, groups_per_call: int = 3) -> list[Path]:
     """rollout_func outputs, one call per line: huggingface/trl@f2cd5771 trl/trainer/grpo_trainer.py
     (RolloutFunc: prompt_ids, completion_ids, logprobs per row; a prompt's num_generations rows consecutive;

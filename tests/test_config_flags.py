@@ -31,7 +31,7 @@ from ggpo_offline.generate.config import GenerateConfig
 from ggpo_offline.generate.datasets import DatasetColumns
 from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.importing.config import ImportConfig
-from ggpo_offline.organism.config import StylesConfig, TinyModelConfig
+from ggpo_offline.organism.config import RehearsalModelConfig, StylesConfig, TinyModelConfig
 from ggpo_offline.pool.config import MergeConfig
 from ggpo_offline.train.config import PER_RUN, ScoreConfig, TrainConfig, resolve_config
 from ggpo_offline.train.options import TrainOptions
@@ -45,6 +45,7 @@ COMMANDS = {
     "arc-report": [(ArcConfig, ())],
     "tune-report": [(TuneConfig, ())],
     "build-tiny-model": [(TinyModelConfig, ())],
+    "build-rehearsal-model": [(RehearsalModelConfig, ())],
     "measure-styles": [(StylesConfig, ())],
     "pool score": [(ScoreConfig, ())],
     "pool merge": [(MergeConfig, ())],

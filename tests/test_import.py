@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from rollout_formats import WRITERS, pool_groups, write_generic
+from rollout_formats import WRITERS, pool_groups, write_generic, write_vllm_chat
 from test_cli import assert_one_error_line, ggpo
 
 from ggpo_offline.core.errors import UserError
@@ -63,6 +63,23 @@ def test_each_format_round_trips_the_pool_and_records_where_it_came_from(hf_pool
     assert meta["import"]["reward_source"] == ("verified" if verified else "imported")
     check = meta["import"]["consistency"]
     assert check["warning"] is None and check["token_mean_abs_gap"] < 1e-5 and result.warnings == []
+
+
+@pytest.mark.parametrize("writer", ["vllm-chat", "trl", "nemo-rl"])
+def test_a_chat_pool_of_a_bpe_model_round_trips(rehearsal_dir, rehearsal_pool, tmp_path, writer):
+    """The rehearsal model (byte-level BPE, Qwen's special tokens, a chat template, two EOS ids): the chat
+    server layout and the id-and-text layouts import back to the same pool, texts and prompts included."""
+    write = write_vllm_chat if writer == "vllm-chat" else WRITERS[writer]
+    write(rehearsal_pool, tmp_path / "source")
+    import_format = "vllm" if writer == "vllm-chat" else writer
+    config = _config(tmp_path / "pool.parquet", import_format, model=str(rehearsal_dir))
+    result = import_pool(config, [tmp_path / "source"])
+
+    assert _groups(result.path) == _groups(rehearsal_pool)
+    for name in ("prompt", "response", "prompt_token_ids"):
+        assert _table(result.path).column(name).equals(_table(rehearsal_pool).column(name)), name
+    meta = _metadata(result.path)
+    assert meta["prompt_template"]["kind"] == "chat" and meta["import"]["consistency"]["warning"] is None
 
 
 def test_an_imported_pool_trains_exactly_like_the_generated_one(hf_pool, tmp_path):

@@ -16,6 +16,9 @@ BETTER_FIT = 4.0
 """Another temperature fitting this many times better than the stated one names it: a confident model moves
 little with the temperature (0.7 instead of 1 shifts the embedded model's log-probs by ~0.01 nats per
 token), so the gap alone cannot tell."""
+AGREEMENT = 1e-4
+"""Below this token-mean gap the stored log-probs are --model's at the stated temperature (float32 engines
+agree to ~1e-7) and no other temperature is tried."""
 TEMPERATURES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5)
 """Temperatures tried beside the stated one, to name the one the log-probs are of."""
 
@@ -25,7 +28,9 @@ def check_logprobs(rows: list[dict], scorer: Scorer, temperature: float, top_p: 
     other temperatures: the token-mean |log π0 − log μ|, the mean of log μ − log π0 and the sequence ESS of
     the weights π0/μ at the stated one, the best-fitting temperature, and a ``warning`` (None when the
     stated temperature fits)."""
-    fits = {t: _compare(rows, scorer.logprobs(rows, t)) for t in sorted({*TEMPERATURES, temperature})}
+    fits = {temperature: _compare(rows, scorer.logprobs(rows, temperature))}
+    if fits[temperature][0] > AGREEMENT:
+        fits |= {t: _compare(rows, scorer.logprobs(rows, t)) for t in TEMPERATURES if t != temperature}
     gap, signed, ess = fits[temperature]
     best = min(fits, key=lambda t: fits[t][0])
     report = {

@@ -1,4 +1,5 @@
-"""The settings of the organism's commands: `ggpo build-tiny-model` and `ggpo measure-styles`."""
+"""The settings of the organism's commands: `ggpo build-tiny-model`, `ggpo build-rehearsal-model` and
+`ggpo measure-styles`."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,15 @@ class TinyModelConfig:
     out: Path = setting(help="Folder to write the model into.")
     seed: int = setting(0, "Training seed.")
     steps: int = setting(2000, "Optimizer steps.")
+    overwrite: bool = setting(False, "Write into an existing non-empty folder.")
+
+
+@dataclass(frozen=True)
+class RehearsalModelConfig:
+    """What ``ggpo build-rehearsal-model`` builds and where (the recipe in `rehearsal.py`)."""
+
+    out: Path = setting(help="Folder to write the model into.")
+    seed: int = setting(0, "Seed of the tokenizer's text draw, the initial weights and the training order.")
     overwrite: bool = setting(False, "Write into an existing non-empty folder.")
 
 
