@@ -308,11 +308,3 @@ def test_usage_errors_are_click_messages_without_a_traceback(args, expected, cap
         main(args)
     err = capsys.readouterr().err
     assert done.value.code == 2 and expected in err and "Traceback" not in err
-
-
-def test_build_rehearsal_model_writes_a_chat_model_and_keeps_a_non_empty_folder(tmp_path):
-    out = tmp_path / "rehearsal"
-    result = ggpo("build-rehearsal-model", "--out", str(out), "--seed", "1")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"wrote {out}: vocab_size=") and (out / "model.safetensors").is_file()
-    assert_one_error_line(ggpo("build-rehearsal-model", "--out", str(out)), "exists and is not empty")

@@ -63,6 +63,19 @@ def test_each_format_round_trips_the_pool_and_records_where_it_came_from(hf_pool
     assert meta["import"]["reward_source"] == ("verified" if verified else "imported")
     check = meta["import"]["consistency"]
     assert check["warning"] is None and check["token_mean_abs_gap"] < 1e-5 and result.warnings == []
+    # ggpo train replays it from the pool's model (recorded in the footer): update 0 is on-policy.
+    first = _train(result.path, tmp_path / "run", updates=1).metrics[0]
+    assert abs(first["mismatch/k3"]) < 1e-6 and abs(first["mismatch/drift"]) < 1e-6
+
+
+def _train(pool: Path, out: Path, updates: int):
+    from ggpo_offline.train.config import TrainConfig
+    from ggpo_offline.train.trainer import train
+
+    config = TrainConfig(
+        pool=pool, updates=updates, groups_per_batch=2, lr=1e-4, no_tracking=True, out=out, method="ggpo"
+    )
+    return train(config)
 
 
 @pytest.mark.parametrize("writer", ["vllm-chat", "trl", "nemo-rl"])
@@ -83,23 +96,12 @@ def test_a_chat_pool_of_a_bpe_model_round_trips(rehearsal_dir, rehearsal_pool, t
 
 
 def test_an_imported_pool_trains_exactly_like_the_generated_one(hf_pool, tmp_path):
-    from ggpo_offline.train.config import TrainConfig
-    from ggpo_offline.train.trainer import train
-
     write_generic(hf_pool, tmp_path / "source")
     imported = import_pool(_config(tmp_path / "pool.parquet"), [tmp_path / "source"]).path
-    runs = {}
-    for name, pool in (("generated", hf_pool), ("imported", imported)):
-        config = TrainConfig(
-            pool=pool,
-            updates=2,
-            groups_per_batch=2,
-            lr=1e-4,
-            no_tracking=True,
-            out=tmp_path / name,
-            method="ggpo",
-        )
-        runs[name] = train(config).metrics
+    runs = {
+        name: _train(pool, tmp_path / name, updates=2).metrics
+        for name, pool in (("generated", hf_pool), ("imported", imported))
+    }
     first = runs["imported"][0]
     assert abs(first["mismatch/k3"]) < 1e-6 and abs(first["mismatch/drift"]) < 1e-6  # as the generated pool's
     strip = ("time", "seconds")
@@ -107,6 +109,26 @@ def test_an_imported_pool_trains_exactly_like_the_generated_one(hf_pool, tmp_pat
     assert clean == [
         {k: v for k, v in m.items() if not any(s in k for s in strip)} for m in runs["generated"]
     ]
+
+
+def test_a_stated_truncated_sampler_is_recorded_and_train_refuses_it_as_for_a_generated_pool(
+    hf_pool, tmp_path
+):
+    write_generic(hf_pool, tmp_path / "source")
+    result = import_pool(
+        _config(tmp_path / "pool.parquet", top_p=0.9, check_samples=0), [tmp_path / "source"]
+    )
+    assert _metadata(result.path)["sampling"]["top_p"] == 0.9
+    with pytest.raises(
+        UserError, match=r"was sampled with top-p 0.9: its behavior log-probs are of the truncated"
+    ):
+        _train(result.path, tmp_path / "run", updates=1)
+    with pytest.raises(
+        UserError, match=r"^--rescore-behavior computes full-vocabulary log-probs, which cannot"
+    ):
+        import_pool(
+            _config(tmp_path / "other.parquet", top_p=0.9, rescore_behavior=True), [tmp_path / "source"]
+        )
 
 
 def test_text_only_rollouts_are_rescored_under_the_model(hf_pool, tmp_path):
@@ -255,7 +277,6 @@ def test_the_command_prints_one_error_line_and_keeps_an_existing_pool(hf_pool, t
     out = tmp_path / "pool.parquet"
     out.write_bytes(b"an earlier pool")
     args = ("pool", "import", "--from", "generic", str(source), "--model", str(tiny_model_dir()))
-    assert_one_error_line(ggpo(*args, "--out", str(out)), f"{out} already exists; pass --overwrite")
-    result = ggpo(*args, "--out", str(out), "--overwrite")
+    result = ggpo(*args, "--out", str(out), "--overwrite")  # refused before anything is replaced
     assert_one_error_line(result, "response token id 151645 is outside --model's vocabulary (100 ids)")
     assert out.read_bytes() == b"an earlier pool"

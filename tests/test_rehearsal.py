@@ -118,16 +118,23 @@ def test_decoding_inverts_encoding_of_the_task_text(tokenizer):
 
 
 @pytest.mark.slow
-def test_the_same_seed_builds_byte_identical_files(rehearsal_dir, tmp_path, tokenizer):
-    stats = build_rehearsal_model(tmp_path / "again", seed=0)
-    built = _file_hashes(rehearsal_dir)
-    assert _file_hashes(tmp_path / "again") == built
-    assert {"model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= built.keys()
+def test_the_command_builds_the_same_files_from_the_same_seed(rehearsal_dir, tmp_path, tokenizer):
+    """`ggpo build-rehearsal-model` (a separate process) writes the session's build byte for byte; another
+    seed gives other weights; a non-empty folder is kept."""
+    from test_cli import assert_one_error_line, ggpo
+
+    again = tmp_path / "again"
+    result = ggpo("build-rehearsal-model", "--out", str(again), "--seed", "0")
+    assert result.returncode == 0, result.stderr
     special = _special_ids(tokenizer)
-    assert stats["vocab_size"] == len(tokenizer)
+    assert result.stdout.startswith(f"wrote {again}: vocab_size={len(tokenizer)}, parameters=")
+    built = _file_hashes(rehearsal_dir)
+    assert _file_hashes(again) == built
+    assert {"model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= built.keys()
+    assert_one_error_line(ggpo("build-rehearsal-model", "--out", str(again)), "exists and is not empty")
+    stats = build_rehearsal_model(tmp_path / "other", seed=1)
     assert stats["eos_token_ids"] == [special[IM_END], special[ENDOFTEXT]]
     assert 10_000 < stats["parameters"] < 1_000_000
-    build_rehearsal_model(tmp_path / "other", seed=1)
     assert _file_hashes(tmp_path / "other")["model.safetensors"] != built["model.safetensors"]
 
 
