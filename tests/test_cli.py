@@ -236,10 +236,6 @@ def test_compare_command_reports_and_refuses_bad_input(vllm_pool, tmp_path):
     again = ggpo(*args, cwd=tmp_path)
     assert again.returncode == 0 and "[2/2] ggpo-s3: reusing" in again.stderr
     assert_one_error_line(ggpo(*args, "--lr", "0.5", cwd=tmp_path), "pass --rerun to replace it")
-    assert_one_error_line(ggpo(*args[:4], "ppo", cwd=tmp_path), "unknown method 'ppo'")
-    assert_one_error_line(
-        ggpo(*args[:6], "1,x", cwd=tmp_path), "--seeds must be comma-separated whole numbers"
-    )
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "a.txt").write_text("x")
     assert_one_error_line(

@@ -120,7 +120,7 @@ def test_decoding_inverts_encoding_of_the_task_text(tokenizer):
 @pytest.mark.slow
 def test_the_command_builds_the_same_files_from_the_same_seed(rehearsal_dir, tmp_path, tokenizer):
     """`ggpo build-rehearsal-model` (a separate process) writes the session's build byte for byte; another
-    seed gives other weights; a non-empty folder is kept."""
+    seed gives other weights; a non-empty folder is kept (the check build-tiny-model shares)."""
     from test_cli import assert_one_error_line, ggpo
 
     again = tmp_path / "again"
