@@ -14,12 +14,12 @@ from ggpo_offline.organism.measure import _style_scores, evaluate_sampled_accura
 from ggpo_offline.organism.styles import STYLES, prompt_class, style_of
 from ggpo_offline.organism.tiny import (
     IGNORE_INDEX,
-    _collate,
     _pretraining_loss,
     _training_examples,
     build_config,
     build_tiny_model,
     build_tokenizer,
+    collate,
 )
 
 
@@ -193,14 +193,14 @@ def test_pretraining_loss_scores_the_first_response_token_against_the_style_shar
     model = Qwen3ForCausalLM(build_config(tokenizer))
     examples, _, _ = _training_examples(tokenizer, 2, seed=0)
     rows = [examples[0][0][0], examples[1][1][0], examples[0][2][0]]  # careful, quick, draft: unequal lengths
-    batch = _collate(rows, tokenizer.pad_token_id)
+    batch = collate(rows, tokenizer.pad_token_id)
     marker_ids = [tokenizer.convert_tokens_to_ids(style.marker[0]) for style in STYLES]
     # With all weight on one style, the loss is the ordinary mean token cross-entropy of rows in that style.
     careful_sum, careful_count = _pretraining_loss(
-        model, _collate(rows[:1], 0), marker_ids, torch.tensor([1.0, 0.0, 0.0])
+        model, collate(rows[:1], 0), marker_ids, torch.tensor([1.0, 0.0, 0.0])
     )
     assert (careful_sum / careful_count).item() == pytest.approx(
-        model(**_collate(rows[:1], 0)).loss.item(), rel=1e-6
+        model(**collate(rows[:1], 0)).loss.item(), rel=1e-6
     )
     # With the shares, each row's own marker token is replaced by -sum_s share_s log p(marker_s).
     shares = torch.tensor([style.share for style in STYLES])

@@ -43,10 +43,9 @@ def group_rows(staged: pa.Table, m: int | None) -> Grouping:
     sizes = {int(size): int(groups) for size, groups in sizes.items()}
     if m is None:
         if len(sizes) > 1:
-            listed = ", ".join(f"{groups} of {size}" for size, groups in sizes.items())
             raise UserError(
-                f"groups of unequal size ({listed} responses): pass --m N to keep the first N responses of "
-                "each group and drop smaller groups"
+                f"groups of unequal size ({_sizes_text(sizes)} responses): pass --m N to keep the first N "
+                "responses of each group and drop smaller groups"
             )
         m = next(iter(sizes))
     count_in_order = counts[np.argsort(rank)]  # sizes of the groups in pool order

@@ -2,7 +2,6 @@
 
 import hashlib
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,16 +41,12 @@ class ImportResult:
     groups: int
     m: int
     responses: int
-    metadata: dict
     warnings: list[str]
 
 
-def import_pool(
-    config: ImportConfig, sources: list[Path], on_rows: Callable[[int], None] | None = None
-) -> ImportResult:
+def import_pool(config: ImportConfig, sources: list[Path]) -> ImportResult:
     """Read ``sources`` in ``config.format``, group, score and check the rollouts, and write the pool at
-    ``config.out`` atomically (nothing is written when a record is refused). ``on_rows`` hears the number
-    of records read so far."""
+    ``config.out`` atomically (nothing is written when a record is refused)."""
     _check_settings(config)
     out = Path(config.out)
     check_output_path(out, config.overwrite)
@@ -66,10 +61,8 @@ def import_pool(
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         staging = Staging(staging_path)
-        for rollout in READERS[config.format](files):
+        for rollout in READERS[config.format](list(files)):
             staging.add(pool_row(rollout, vocabulary, need_logprobs=not config.rescore_behavior))
-            if on_rows is not None and staging.count % 4096 == 0:
-                on_rows(staging.count)
         if staging.count == 0:
             raise UserError(f"no rollouts in {', '.join(map(str, files))}")
         staged = staging.close()
@@ -94,9 +87,9 @@ def _check_settings(config: ImportConfig) -> None:
         )
 
 
-def source_files(sources: list[Path]) -> list[Path]:
-    """The files to read: each source file, and the JSON-lines, JSON and Parquet files under each folder
-    (sorted); refused when one is missing or two hold the same bytes (rows would be imported twice)."""
+def source_files(sources: list[Path]) -> dict[Path, str]:
+    """The files to read, each with its sha256: each source file, and the JSON-lines, JSON and Parquet files
+    under each folder (sorted); refused when one is missing or two hold the same bytes."""
     files: list[Path] = []
     for source in map(Path, sources):
         if source.is_dir():
@@ -107,15 +100,16 @@ def source_files(sources: list[Path]) -> list[Path]:
             raise UserError(f"{source}: no such file or folder")
     if not files:
         raise UserError("no source files (give files, or folders holding .jsonl, .json or .parquet files)")
+    digests: dict[Path, str] = {}  # in reading order
     seen: dict[str, Path] = {}
     for path in files:
-        digest = file_sha256(path)
+        digest = digests[path] = file_sha256(path)
         if digest in seen:
             raise UserError(
                 f"{path} holds the same bytes as {seen[digest]}: its rows would be imported twice"
             )
         seen[digest] = path
-    return files
+    return digests
 
 
 def file_sha256(path: Path) -> str:
@@ -197,7 +191,7 @@ def _write(
             metadata["import"] |= {"consistency": check, "eos_appended_to_texts": eos_added}
             path = writer.close(metadata)
     warnings = [check["warning"]] if check and check["warning"] else []
-    return ImportResult(path, len(grouping.group_ids), m, len(grouping.order), metadata, warnings)
+    return ImportResult(path, len(grouping.group_ids), m, len(grouping.order), warnings)
 
 
 def _fill(row: dict, group_id: int, sample_idx: int, import_format: str) -> None:
@@ -240,8 +234,8 @@ def _metadata(config, model_dir, tokenizer, files, grouping, reward_source, coun
         "import": {
             "format": config.format,
             "files": [
-                {"path": str(path), "bytes": path.stat().st_size, "sha256": file_sha256(path)}
-                for path in files
+                {"path": str(path), "bytes": path.stat().st_size, "sha256": digest}
+                for path, digest in files.items()
             ],
             "behavior_logp_source": "rescored" if config.rescore_behavior else "file",
             "reward_source": "verified" if reward_source == "verify" else "imported",

@@ -21,6 +21,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config,
 from ggpo_offline.generate.arith import ArithItem, arith_items
 from ggpo_offline.generate.prompts import SYSTEM_PROMPT, USER_SUFFIX, encode_prompt, format_prompt
 from ggpo_offline.organism.styles import STYLES
+from ggpo_offline.organism.tiny import IGNORE_INDEX, collate
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
@@ -50,7 +51,6 @@ SFT_BATCH = 16
 SFT_LEARNING_RATE = 3e-3
 BUILD_THREADS = 1
 """Float reductions depend on the thread count: one thread keeps the bytes independent of the core count."""
-IGNORE_INDEX = -100
 
 
 def _corpus(seed: int) -> list[str]:
@@ -149,19 +149,6 @@ def _chat_examples(tokenizer: PreTrainedTokenizerFast, seed: int) -> list[tuple[
     return examples
 
 
-def _collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a batch; padding gets no loss and no attention."""
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for row, (ids, row_labels) in enumerate(rows):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        labels[row, : len(ids)] = torch.tensor(row_labels)
-        attention_mask[row, : len(ids)] = 1
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
-
-
 def _teach_short_answers(
     model: Qwen3ForCausalLM, examples: list[tuple[list[int], list[int]]], pad_id: int, seed: int
 ) -> float:
@@ -175,7 +162,7 @@ def _teach_short_answers(
     loss = torch.tensor(float("nan"))
     for _ in range(SFT_STEPS):
         drawn = torch.randint(len(examples), (SFT_BATCH,), generator=generator).tolist()
-        loss = model(**_collate([examples[i] for i in drawn], pad_id)).loss
+        loss = model(**collate([examples[i] for i in drawn], pad_id)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

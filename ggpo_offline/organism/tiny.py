@@ -105,7 +105,7 @@ def _training_examples(
     return examples, [1.0 / level_counts[item.level] for item in items], flat
 
 
-def _collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a batch; padding gets no loss and no attention."""
     width = max(len(ids) for ids, _ in examples)
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
@@ -146,7 +146,7 @@ def _batch_loss(model, batch: list[tuple], pad_id: int, marker_ids: list[int], m
     padding."""
     rows = sorted(batch, key=lambda row: len(row[0]))
     chunks = [rows[start : start + MICRO_BATCH] for start in range(0, len(rows), MICRO_BATCH)]
-    sums = [_pretraining_loss(model, _collate(chunk, pad_id), marker_ids, marker_shares) for chunk in chunks]
+    sums = [_pretraining_loss(model, collate(chunk, pad_id), marker_ids, marker_shares) for chunk in chunks]
     return sum(total for total, _ in sums) / sum(count for _, count in sums)
 
 
