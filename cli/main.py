@@ -103,7 +103,8 @@ def pool_import(
     responses or the generic record (README, "Bring your own rollouts")."""
     from ggpo_offline.importing.importer import import_pool
 
-    result = import_pool(config_from(ImportConfig, settings), sources)
+    with render.ImportProgress() as progress:
+        result = import_pool(config_from(ImportConfig, settings), sources, on_progress=progress.update)
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"wrote {result.path}: {result.groups} groups x {result.m} = {result.responses} responses")
@@ -199,10 +200,10 @@ def tune_report(settings: dict) -> None:
 @with_config_flags(TinyModelConfig)
 def build_tiny_model(settings: dict) -> None:
     """Rebuild the embedded tiny model from its recipe (tokenizer, task, supervised pretraining)."""
+    config = config_from(TinyModelConfig, settings)
+    _refuse_a_full_folder(config.out, config.overwrite)  # before torch is imported: a refusal is instant
     from ggpo_offline.organism.tiny import build_tiny_model as build
 
-    config = config_from(TinyModelConfig, settings)
-    _refuse_a_full_folder(config.out, config.overwrite)
     _print_built(config.out, build(config.out, seed=config.seed, steps=config.steps))
 
 
@@ -210,10 +211,10 @@ def build_tiny_model(settings: dict) -> None:
 @with_config_flags(RehearsalModelConfig)
 def build_rehearsal_model(settings: dict) -> None:
     """Build the rehearsal model in seconds: a small Qwen3 with a byte-level BPE and Qwen's chat template."""
+    config = config_from(RehearsalModelConfig, settings)
+    _refuse_a_full_folder(config.out, config.overwrite)  # before torch is imported: a refusal is instant
     from ggpo_offline.organism.rehearsal import build_rehearsal_model as build
 
-    config = config_from(RehearsalModelConfig, settings)
-    _refuse_a_full_folder(config.out, config.overwrite)
     _print_built(config.out, build(config.out, seed=config.seed))
 
 

@@ -131,6 +131,15 @@ class ScoreProgress(_LazyProgress):
         self._report(done, total, info="groups")
 
 
+class ImportProgress(_LazyProgress):
+    """Records read, then groups written."""
+
+    label = "importing"
+
+    def update(self, stage: str, done: int, total: int | None) -> None:
+        self._report(done, total, stage=stage)
+
+
 class TrainingProgress(_LazyProgress):
     """Updates done with loss, reward and drift."""
 

@@ -136,6 +136,16 @@ def rehearsal_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def other_rehearsal_dir(tmp_path_factory) -> Path:
+    """The rehearsal model built from seed 1: the same tokenizer, other weights (another model's rollouts)."""
+    from ggpo_offline.organism.rehearsal import build_rehearsal_model
+
+    out = tmp_path_factory.mktemp("rehearsal-seed-1") / "model"
+    build_rehearsal_model(out, seed=1)
+    return out
+
+
+@pytest.fixture(scope="session")
 def rehearsal_pool(tmp_path_factory, rehearsal_dir) -> Path:
     """A float32 hf pool of the rehearsal model with its chat template: 16 prompts x 16 responses of at most
     32 tokens (m = 16: the random model is right only by chance, so groups of 16 are mixed often enough)."""

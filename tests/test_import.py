@@ -95,9 +95,17 @@ def test_a_chat_pool_of_a_bpe_model_round_trips(rehearsal_dir, rehearsal_pool, t
     assert meta["prompt_template"]["kind"] == "chat" and meta["import"]["consistency"]["warning"] is None
 
 
-def test_an_imported_pool_trains_exactly_like_the_generated_one(hf_pool, tmp_path):
+def test_an_imported_pool_trains_exactly_like_the_generated_one(hf_pool, tmp_path, monkeypatch):
+    from ggpo_offline.importing import importer
+
     write_generic(hf_pool, tmp_path / "source")
-    imported = import_pool(_config(tmp_path / "pool.parquet"), [tmp_path / "source"]).path
+    monkeypatch.setattr(importer, "RECORDS_PER_REPORT", 24)
+    monkeypatch.setattr(importer, "GROUPS_PER_CHUNK", 6)
+    reports = []
+    config = _config(tmp_path / "pool.parquet")
+    imported = import_pool(config, [tmp_path / "source"], on_progress=lambda *r: reports.append(r)).path
+    read = [("reading records", n, None) for n in (24, 48)]  # 64 records
+    assert reports == read + [("writing groups", n, 16) for n in (6, 12, 16)]
     runs = {
         name: _train(pool, tmp_path / name, updates=2).metrics
         for name, pool in (("generated", hf_pool), ("imported", imported))
@@ -177,6 +185,46 @@ def test_the_consistency_check_names_the_temperature_the_log_probs_are_of(hf_poo
     # A pool stated at its own temperature passes.
     fine = import_pool(_config(tmp_path / "fine.parquet"), [tmp_path / "source"])
     assert fine.warnings == [] and _metadata(fine.path)["sampling"]["temperature"] == 1.0
+
+
+def test_the_consistency_check_tells_a_truncated_sampler_from_another_model(
+    rehearsal_dir, other_rehearsal_dir, rehearsal_pool, tmp_path
+):
+    """A truncated sampler's log-probs exceed the model's at every token; another model's (another seed of
+    the rehearsal model) are higher on average too, but not everywhere: the sign test tells them apart."""
+    from ggpo_offline.generate.engines import SamplingSettings
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
+
+    nucleus = generate_pool(
+        GenerateConfig(
+            model=str(rehearsal_dir), template="chat", num_prompts=8, engine="hf", dtype="float32",
+            sampling=SamplingSettings(m=8, max_tokens=32, seed=0, top_p=0.8), out=tmp_path / "top-p.parquet",
+            reward_workers=0,
+        )
+    )  # fmt: skip
+    write_generic(nucleus, tmp_path / "top-p")
+    unstated = import_pool(_config(tmp_path / "a.parquet", model=str(rehearsal_dir)), [tmp_path / "top-p"])
+    check = _metadata(unstated.path)["import"]["consistency"]
+    assert check["differing_stored_higher"] == 1.0 and check["differing_tokens"] > 100
+    (warning,) = unstated.warnings
+    assert warning.endswith(
+        f"they are higher than --model's at 100% of the {check['differing_tokens']} tokens that differ: a "
+        "truncated sampler (top-p or top-k) renormalized them; pass the --top-p/--top-k they were sampled "
+        "with"
+    )
+    stated = import_pool(
+        _config(tmp_path / "b.parquet", model=str(rehearsal_dir), top_p=0.8), [tmp_path / "top-p"]
+    )
+    assert stated.warnings == [] and _metadata(stated.path)["sampling"]["top_p"] == 0.8
+
+    write_generic(rehearsal_pool, tmp_path / "seed-0")
+    other = import_pool(
+        _config(tmp_path / "c.parquet", model=str(other_rehearsal_dir)), [tmp_path / "seed-0"]
+    )
+    check = _metadata(other.path)["import"]["consistency"]
+    assert check["mean_stored_minus_model"] > 0.05 and 0.5 < check["differing_stored_higher"] < 0.9
+    (warning,) = other.warnings
+    assert warning.endswith("no temperature fits: another model (or other weights) sampled these rollouts")
 
 
 def _lines(records: list[dict]) -> str:

@@ -55,6 +55,12 @@ def held_out() -> dict[str, list[str]]:
     return questions
 
 
+@pytest.fixture(scope="module")
+def baseline(held_out, tiny_dir) -> dict[str, float]:
+    """The embedded model's own preferences, from which every learner's gains are measured."""
+    return preferences(tiny_dir, held_out)
+
+
 RIVAL = {"flat": BEST_STYLE["nested"], "nested": BEST_STYLE["flat"]}
 
 
@@ -76,7 +82,7 @@ def preferences(model_dir, held_out: dict[str, list[str]]) -> dict[str, float]:
     return result
 
 
-def gains(method: str, pool, held_out, tmp_path, tiny_dir) -> dict[str, float]:
+def gains(method: str, pool, held_out, baseline, tmp_path) -> dict[str, float]:
     """How much UPDATES updates of ``method`` (the tiny preset's settings at LR) raise each class's
     preference."""
     config = replace(
@@ -90,9 +96,8 @@ def gains(method: str, pool, held_out, tmp_path, tiny_dir) -> dict[str, float]:
         no_tracking=True,
         out=tmp_path / method,
     )
-    before = preferences(tiny_dir, held_out)
     after = preferences(train(config).final_model, held_out)
-    return {name: after[name] - before[name] for name in PROMPT_CLASSES}
+    return {name: after[name] - baseline[name] for name in PROMPT_CLASSES}
 
 
 def conditioned_gain(class_gains: dict[str, float]) -> float:
@@ -114,9 +119,9 @@ def learns_per_class(class_gains: dict[str, float]) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_every_learner_learns_which_behaviour_each_prompt_class_calls_for(
-    learning_pool, held_out, tmp_path, tiny_dir, method
+    learning_pool, held_out, baseline, tmp_path, method
 ):
-    class_gains = gains(method, learning_pool, held_out, tmp_path, tiny_dir)
+    class_gains = gains(method, learning_pool, held_out, baseline, tmp_path)
     assert learns_per_class(class_gains), class_gains
 
 
@@ -205,10 +210,10 @@ def test_each_groups_update_depends_on_its_own_rewards_only(method):
     assert group_is_scored_alone(method)
 
 
-def learns(method: str, pool, held_out, tmp_path, tiny_dir) -> bool:
+def learns(method: str, pool, held_out, baseline, tmp_path) -> bool:
     """The whole check: each group is scored alone (fast, exact) and the learner learns per class (slow)."""
     return group_is_scored_alone(method) and learns_per_class(
-        gains(method, pool, held_out, tmp_path, tiny_dir)
+        gains(method, pool, held_out, baseline, tmp_path)
     )
 
 
@@ -216,21 +221,21 @@ def learns(method: str, pool, held_out, tmp_path, tiny_dir) -> bool:
 @pytest.mark.parametrize("mutation", MUTATIONS.values(), ids=MUTATIONS.keys())
 @pytest.mark.parametrize("method", ["ggpo", "grpo"])
 def test_a_mutated_learner_fails_the_check(
-    learning_pool, held_out, tmp_path, tiny_dir, monkeypatch, method, mutation
+    learning_pool, held_out, baseline, tmp_path, monkeypatch, method, mutation
 ):
     name = LEARNERS[method].loss_name
     monkeypatch.setattr(losses, name, mutation(getattr(losses, name)))
-    assert not learns(method, learning_pool, held_out, tmp_path, tiny_dir)
+    assert not learns(method, learning_pool, held_out, baseline, tmp_path)
 
 
 @pytest.mark.slow
 def test_rewards_of_another_group_also_fail_the_learning_part(
-    learning_pool, held_out, tmp_path, tiny_dir, monkeypatch
+    learning_pool, held_out, baseline, tmp_path, monkeypatch
 ):
     """The bug the previous organism could not catch: there every group favoured the same style, so a group
     scored with another group's rewards still learnt it."""
     monkeypatch.setattr(losses, "grpo_loss", _rewards_of_the_next_group(losses.grpo_loss))
-    assert not learns_per_class(gains("grpo", learning_pool, held_out, tmp_path, tiny_dir))
+    assert not learns_per_class(gains("grpo", learning_pool, held_out, baseline, tmp_path))
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,6 +32,11 @@ from ggpo_offline.pool.writer import PoolWriter, check_output_path
 
 GROUPS_PER_CHUNK = 256
 SOURCE_SUFFIXES = (".jsonl", ".json", ".parquet")
+RECORDS_PER_REPORT = 10_000
+"""How often reading reports progress (a 1M-response import reads for minutes)."""
+
+Progress = Callable[[str, int, int | None], None]
+"""``on_progress(stage, done, total)``: records read (total unknown), then groups written of all."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +50,12 @@ class ImportResult:
     warnings: list[str]
 
 
-def import_pool(config: ImportConfig, sources: list[Path]) -> ImportResult:
+def import_pool(
+    config: ImportConfig, sources: list[Path], on_progress: Progress | None = None
+) -> ImportResult:
     """Read ``sources`` in ``config.format``, group, score and check the rollouts, and write the pool at
     ``config.out`` atomically (nothing is written when a record is refused)."""
+    report = on_progress or (lambda stage, done, total: None)
     _check_settings(config)
     out = Path(config.out)
     check_output_path(out, config.overwrite)
@@ -63,12 +72,14 @@ def import_pool(config: ImportConfig, sources: list[Path]) -> ImportResult:
         staging = Staging(staging_path)
         for rollout in READERS[config.format](list(files)):
             staging.add(pool_row(rollout, vocabulary, need_logprobs=not config.rescore_behavior))
+            if staging.count % RECORDS_PER_REPORT == 0:
+                report("reading records", staging.count, None)
         if staging.count == 0:
             raise UserError(f"no rollouts in {', '.join(map(str, files))}")
         staged = staging.close()
         grouping = group_rows(staged, config.m)
         reward_source = _reward_source(config, staged)
-        return _write(config, out, staged, grouping, reward_source, model_dir, tokenizer, files)
+        return _write(config, out, staged, grouping, reward_source, model_dir, tokenizer, files, report)
     finally:
         staging_path.unlink(missing_ok=True)
 
@@ -142,7 +153,7 @@ def _reward_source(config: ImportConfig, staged: pa.Table) -> str:
 
 
 def _write(
-    config, out, staged, grouping: Grouping, reward_source, model_dir, tokenizer, files
+    config, out, staged, grouping: Grouping, reward_source, model_dir, tokenizer, files, report: Progress
 ) -> ImportResult:
     """The pool, group chunk by group chunk in pool order, then its metadata; the check on a sample."""
     from ggpo_offline.importing.consistency import check_logprobs
@@ -174,11 +185,13 @@ def _write(
                 tokens += sum(len(row["response_token_ids"]) for row in rows)
                 reward_sum += sum(row["reward"] for row in rows)
                 eos_added += sum(row["eos_added"] for row in rows)
+                report("writing groups", start + len(group_ids), len(grouping.group_ids))
             check = None
             if config.check_samples > 0 and not config.rescore_behavior:
                 sample = np.unique(np.linspace(0, len(grouping.order) - 1, config.check_samples).astype(int))
                 rows = staged.take(pa.array(grouping.order[sample])).to_pylist()
-                check = check_logprobs(rows, scorer, config.temperature, config.top_p, config.logprobs_mode)
+                truncation = config.top_p < 1 or config.top_k > 0
+                check = check_logprobs(rows, scorer, config.temperature, truncation, config.logprobs_mode)
             counts = {
                 "groups": len(grouping.group_ids),
                 "responses": len(grouping.order),
