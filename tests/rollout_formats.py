@@ -40,6 +40,26 @@ def write_generic(pool: Path, folder: Path) -> list[Path]:
     return [_write_lines(folder / "rollouts.jsonl", records)]
 
 
+def write_verl(pool: Path, folder: Path) -> list[Path]:
+    """verl's rollout dump (`trainer.rollout_data_dir`), text only: volcengine/verl@00401103
+    verl/trainer/ppo/ray_trainer.py, RayPPOTrainer._log_rollout_data and _dump_generations: one
+    `{global_steps}.jsonl` per step, a line per response with `input` and `output` (the prompt and response
+    ids decoded with skip_special_tokens=True: for the plain template, the pool's texts), `gts` (the
+    reward model's ground truth), `score` (the summed token-level scores) and `step`."""
+    records = [
+        {
+            "input": row["prompt"],
+            "output": row["response"],
+            "gts": row["answer"],
+            "score": row["reward"],
+            "step": 1,
+        }
+        for group in pool_groups(pool)
+        for row in group
+    ]
+    return [_write_lines(folder / "1.jsonl", records)]
+
+
 def write_vllm_completions(pool: Path, folder: Path) -> list[Path]:
     """One saved /v1/completions response per group (n = m, logprobs 0, return_token_ids), with the gold
     beside it. Layout: vllm-project/vllm entrypoints/openai/completion/protocol.py (CompletionResponse,

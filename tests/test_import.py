@@ -2,12 +2,13 @@
 generated one, the consistency check names a wrong temperature, and hostile input is one error line."""
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from rollout_formats import WRITERS, pool_groups, write_generic, write_vllm_chat
+from rollout_formats import WRITERS, pool_groups, write_generic, write_verl, write_vllm_chat
 from test_cli import assert_one_error_line, ggpo
 
 from ggpo_offline.core.errors import UserError
@@ -15,6 +16,7 @@ from ggpo_offline.core.model_io import tiny_model_dir
 from ggpo_offline.importing.config import ImportConfig
 from ggpo_offline.importing.importer import import_pool
 from ggpo_offline.pool.schema import METADATA_KEY
+from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 
 TOKEN_COLUMNS = ("prompt_token_ids", "response_token_ids", "behavior_logprobs", "reward", "finish_reason")
@@ -139,26 +141,40 @@ def test_a_stated_truncated_sampler_is_recorded_and_train_refuses_it_as_for_a_ge
         )
 
 
-def test_text_only_rollouts_are_rescored_under_the_model(hf_pool, tmp_path):
-    """The generic record with texts alone: ids come from the tokenizer (EOS appended where the response
-    stopped), and --rescore-behavior computes log μ under --model: the fp32 hf pool's own values."""
-    lines = [
-        {
-            "prompt": r["prompt"],
-            "response": r["response"],
-            "answer": r["answer"],
-            "finish_reason": r["finish_reason"],
+VERL_FIELDS = ("prompt=input", "response=output", "answer=gts", "reward=score")
+
+
+@pytest.mark.parametrize("layout", ["generic", "verl"])
+def test_text_only_rollouts_are_rescored_under_the_model(hf_pool, tmp_path, layout):
+    """Records with texts alone: ids come from the tokenizer (EOS appended where the response stopped), and
+    --rescore-behavior computes log μ under --model: the fp32 hf pool's own values. verl's dump names the
+    fields otherwise (--field) and has no finish reason: a text as long as --max-tokens was cut there."""
+    if layout == "verl":
+        (source,) = write_verl(hf_pool, tmp_path / "dump")
+        settings = {
+            "fields": VERL_FIELDS,
+            "max_tokens": read_pool_metadata(hf_pool)["sampling"]["max_tokens"],
         }
-        for group in pool_groups(hf_pool)
-        for r in group
-    ]
-    source = tmp_path / "texts.jsonl"
-    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    with pytest.raises(UserError, match=r"texts.jsonl:1: no behaviour log-probs; pass --rescore-behavior"):
-        import_pool(_config(tmp_path / "refused.parquet"), [source])
-    result = import_pool(_config(tmp_path / "pool.parquet", rescore_behavior=True), [source])
+    else:
+        lines = [
+            {
+                "prompt": r["prompt"],
+                "response": r["response"],
+                "answer": r["answer"],
+                "finish_reason": r["finish_reason"],
+            }
+            for group in pool_groups(hf_pool)
+            for r in group
+        ]
+        source = tmp_path / "texts.jsonl"
+        source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        settings = {}
+    with pytest.raises(UserError, match=rf"{source.name}:1: no behaviour log-probs; pass --rescore-behavior"):
+        import_pool(_config(tmp_path / "refused.parquet", **settings), [source])
+    result = import_pool(_config(tmp_path / "pool.parquet", rescore_behavior=True, **settings), [source])
 
     imported, original = pq.read_table(result.path), pq.read_table(hf_pool)
+    assert set(original.column("finish_reason").to_pylist()) == {"stop", "length"}
     for name in ("prompt_token_ids", "response_token_ids", "reward", "finish_reason"):
         assert imported.column(name).equals(original.column(name)), name
     got = [x for row in imported.column("behavior_logprobs").to_pylist() for x in row]
@@ -170,6 +186,27 @@ def test_text_only_rollouts_are_rescored_under_the_model(hf_pool, tmp_path):
         and meta["sampling"]["logprobs_mode"] == "rescored"
     )
     assert meta["import"]["consistency"] is None  # nothing stored to check
+    assert meta["import"]["fields"] == dict(field.split("=") for field in settings.get("fields", ()))
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (("prompt",), "--field prompt: expected NAME=KEY, e.g. --field prompt=input"),
+        (
+            ("question=input",),
+            "--field question=input: 'question' is not a generic field; choose from prompt,",
+        ),
+        (("prompt=input", "prompt=query"), "--field prompt=query: prompt is already read from 'input'"),
+    ],
+)
+def test_a_bad_field_option_is_refused_before_reading(tmp_path, fields, expected):
+    with pytest.raises(UserError, match=re.escape(expected)):
+        import_pool(_config(tmp_path / "pool.parquet", fields=fields), [tmp_path / "missing.jsonl"])
+    with pytest.raises(
+        UserError, match="--field renames the generic record's fields; --from trl has its own"
+    ):
+        import_pool(_config(tmp_path / "pool.parquet", "trl", fields=("prompt=input",)), [tmp_path])
 
 
 def test_the_consistency_check_names_the_temperature_the_log_probs_are_of(hf_pool, tmp_path):

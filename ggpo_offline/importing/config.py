@@ -24,6 +24,13 @@ class ImportConfig:
     )
     out: Path = setting(help="Pool file to write.")
     overwrite: bool = setting(False, "Replace an existing --out file.")
+    fields: tuple[str, ...] = setting(
+        (),
+        "NAME=KEY: read the generic record's field NAME from the key KEY (repeat; --from generic), e.g. "
+        "verl's rollout dumps: prompt=input, response=output, answer=gts, reward=score.",
+        flag="field",
+        repeat=True,
+    )
     reward_from: Literal["auto", "verify", "file"] = setting(
         "auto",
         "verify: score each response against its gold answer; file: take the file's 0/1 rewards; auto: "
@@ -44,7 +51,9 @@ class ImportConfig:
         "distribution sampled from; raw_logprobs, vLLM's default: before temperature and top-p).",
     )
     max_tokens: int | None = setting(
-        None, "Response length limit the sampler used [default: the longest imported response]."
+        None,
+        "Response length limit the sampler used [default: the longest imported response]; a text that "
+        "long without a finish reason was cut there (no EOS appended).",
     )
     template: Literal["auto", "chat", "plain"] = setting(
         "auto", "Prompt template `ggpo eval` uses with this model (auto: chat when the tokenizer has one)."

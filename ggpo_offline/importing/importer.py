@@ -5,6 +5,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from ggpo_offline.generate.prompts import resolve_template, template_description
 from ggpo_offline.generate.rewards import RewardScorer
 from ggpo_offline.generate.rollout import max_positions, reward_description
 from ggpo_offline.importing.config import ImportConfig
-from ggpo_offline.importing.formats import READERS
+from ggpo_offline.importing.formats import READERS, generic
 from ggpo_offline.importing.groups import Grouping, group_rows
 from ggpo_offline.importing.rows import Vocabulary, pool_row
 from ggpo_offline.importing.staging import Staging
@@ -57,6 +58,7 @@ def import_pool(
     ``config.out`` atomically (nothing is written when a record is refused)."""
     report = on_progress or (lambda stage, done, total: None)
     _check_settings(config)
+    renames = generic.field_renames(config.fields)
     out = Path(config.out)
     check_output_path(out, config.overwrite)
     files = source_files(sources)
@@ -64,13 +66,19 @@ def import_pool(
     tokenizer = load_tokenizer(model_dir)
     template = resolve_template(tokenizer, config.template)
     vocabulary = Vocabulary(
-        tokenizer, len(tokenizer), frozenset(eos_token_ids(model_dir)), max_positions(model_dir), template
+        tokenizer,
+        len(tokenizer),
+        frozenset(eos_token_ids(model_dir)),
+        max_positions(model_dir),
+        template,
+        config.max_tokens,
     )
+    read = partial(generic.rollouts, renames=renames) if renames else READERS[config.format]
     staging_path = out.with_name(f".{out.name}.{os.getpid()}.staging.arrow")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         staging = Staging(staging_path)
-        for rollout in READERS[config.format](list(files)):
+        for rollout in read(list(files)):
             staging.add(pool_row(rollout, vocabulary, need_logprobs=not config.rescore_behavior))
             if staging.count % RECORDS_PER_REPORT == 0:
                 report("reading records", staging.count, None)
@@ -89,6 +97,8 @@ def _check_settings(config: ImportConfig) -> None:
         raise UserError(f"--temperature must be > 0, got {config.temperature}")
     if not 0 < config.top_p <= 1 or config.top_k < 0:
         raise UserError("--top-p must be in (0, 1] and --top-k >= 0")
+    if config.fields and config.format != "generic":
+        raise UserError(f"--field renames the generic record's fields; --from {config.format} has its own")
     if config.m is not None and config.m < 1:
         raise UserError(f"--m must be >= 1, got {config.m}")
     if config.rescore_behavior and (config.top_p < 1 or config.top_k > 0):
@@ -246,6 +256,7 @@ def _metadata(config, model_dir, tokenizer, files, grouping, reward_source, coun
         "counts": counts,
         "import": {
             "format": config.format,
+            "fields": generic.field_renames(config.fields),
             "files": [
                 {"path": str(path), "bytes": path.stat().st_size, "sha256": digest}
                 for path, digest in files.items()

@@ -19,6 +19,8 @@ class Vocabulary:
     """Prompt plus response may not exceed the model's positions (``max_position_embeddings``)."""
     template: str
     """``chat`` or ``plain``: a prompt text is encoded as generate-pool encodes that template's prompts."""
+    response_limit: int | None = None
+    """The sampler's max_tokens when stated: a text of that many tokens was cut there, not stopped."""
 
 
 def pool_row(rollout: Rollout, vocabulary: Vocabulary, need_logprobs: bool) -> dict:
@@ -34,9 +36,14 @@ def pool_row(rollout: Rollout, vocabulary: Vocabulary, need_logprobs: bool) -> d
     if response_ids is None:
         if rollout.response is None:
             raise UserError(f"{where}: no response (neither its text nor its token ids)")
-        # A text ended where the model stopped, unless the source says it was cut at the length limit.
-        eos_added = rollout.finish_reason != "length"
+        # A text ended where the model stopped, unless the source says it was cut at the length limit, or
+        # it reaches that limit (a stopped response has room for its EOS).
         response_ids = tokenizer(rollout.response, add_special_tokens=False)["input_ids"]
+        limit = vocabulary.response_limit
+        cut = rollout.finish_reason == "length" or (
+            rollout.finish_reason is None and limit is not None and len(response_ids) >= limit
+        )
+        eos_added = not cut
         response_ids += [tokenizer.eos_token_id] if eos_added else []
     _check_ids(prompt_ids, "prompt", where, vocabulary)
     _check_ids(response_ids, "response", where, vocabulary)

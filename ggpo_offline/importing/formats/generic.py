@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.importing.fields import finite, get
 from ggpo_offline.importing.jsonl import json_lines
 from ggpo_offline.importing.rollout import Rollout
@@ -26,11 +27,31 @@ FIELDS = {
 }
 
 
-def rollouts(paths: list[Path]) -> Iterator[Rollout]:
-    """Every record of the JSON-lines or Parquet files, in order."""
+def rollouts(paths: list[Path], renames: dict[str, str] | None = None) -> Iterator[Rollout]:
+    """Every record of the JSON-lines or Parquet files, in order; ``renames`` maps a field to the key that
+    holds it (``--field NAME=KEY``)."""
     for path in paths:
         for where, record in _records(path):
+            if renames:
+                record = record | {name: record.get(key) for name, key in renames.items()}
             yield from_record(record, where)
+
+
+def field_renames(specs: tuple[str, ...]) -> dict[str, str]:
+    """``--field NAME=KEY`` options as {NAME: KEY}; UserError for a malformed or unknown one."""
+    renames: dict[str, str] = {}
+    for spec in specs:
+        name, _, key = spec.partition("=")
+        if not name or not key:
+            raise UserError(f"--field {spec}: expected NAME=KEY, e.g. --field prompt=input")
+        if name not in FIELDS:
+            raise UserError(
+                f"--field {spec}: {name!r} is not a generic field; choose from {', '.join(FIELDS)}"
+            )
+        if name in renames:
+            raise UserError(f"--field {spec}: {name} is already read from {renames[name]!r}")
+        renames[name] = key
+    return renames
 
 
 def _records(path: Path) -> Iterator[tuple[str, dict]]:
