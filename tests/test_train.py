@@ -423,10 +423,11 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
         list(t["benchmarks"]) == ["arith-test"] and t["suite"]["num_problems"] == 12 for t in tests.values()
     )
 
-    # One fresh engine scores both splits: each prompt's sampling seed depends on the seed and its id alone.
+    # A fresh engine loads the final model (update 4's weights, as training saves every model) and scores
+    # both splits at once: each prompt's sampling seed depends on the seed and its id alone.
     out = tmp_path / "fresh.json"
     done = ggpo(
-        "eval", "--model", str(run / "checkpoints" / "update-000004"), "--pool", str(vllm_pool), "-n", "4",
+        "eval", "--model", str(result.final_model), "--pool", str(vllm_pool), "-n", "4",
         "-k", "1,2,4", "--dataset", "arith:validation", "--dataset", "arith:test", "--num-problems", "12",
         "--out", str(out),
     )  # fmt: skip
