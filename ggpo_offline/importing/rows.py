@@ -32,19 +32,7 @@ def pool_row(rollout: Rollout, vocabulary: Vocabulary, need_logprobs: bool) -> d
         if rollout.prompt is None:
             raise UserError(f"{where}: no prompt (neither its text nor its token ids)")
         prompt_ids = encode_prompt(tokenizer, rollout.prompt, vocabulary.template)
-    response_ids, eos_added = rollout.response_token_ids, False
-    if response_ids is None:
-        if rollout.response is None:
-            raise UserError(f"{where}: no response (neither its text nor its token ids)")
-        # A text ended where the model stopped, unless the source says it was cut at the length limit, or
-        # it reaches that limit (a stopped response has room for its EOS).
-        response_ids = tokenizer(rollout.response, add_special_tokens=False)["input_ids"]
-        limit = vocabulary.response_limit
-        cut = rollout.finish_reason == "length" or (
-            rollout.finish_reason is None and limit is not None and len(response_ids) >= limit
-        )
-        eos_added = not cut
-        response_ids += [tokenizer.eos_token_id] if eos_added else []
+    response_ids, eos_added = _response_ids(rollout, vocabulary)
     _check_ids(prompt_ids, "prompt", where, vocabulary)
     _check_ids(response_ids, "response", where, vocabulary)
     text = tokenizer.decode(response_ids, skip_special_tokens=True)
@@ -85,6 +73,22 @@ def pool_row(rollout: Rollout, vocabulary: Vocabulary, need_logprobs: bool) -> d
         "where": where,
         "eos_added": eos_added,
     }
+
+
+def _response_ids(rollout: Rollout, vocabulary: Vocabulary) -> tuple[list[int], bool]:
+    """The response's token ids, and whether an EOS was appended to a text: a text ended where the model
+    stopped, unless the source says it was cut at the length limit, or it reaches that limit (a stopped
+    response has room for its EOS)."""
+    if rollout.response_token_ids is not None:
+        return rollout.response_token_ids, False
+    if rollout.response is None:
+        raise UserError(f"{rollout.where}: no response (neither its text nor its token ids)")
+    tokenizer, limit = vocabulary.tokenizer, vocabulary.response_limit
+    ids = tokenizer(rollout.response, add_special_tokens=False)["input_ids"]
+    cut = rollout.finish_reason == "length" or (
+        rollout.finish_reason is None and limit is not None and len(ids) >= limit
+    )
+    return (ids if cut else [*ids, tokenizer.eos_token_id]), not cut
 
 
 def _prompt_text(tokenizer, prompt_ids: list[int]) -> str:
