@@ -41,12 +41,12 @@ def check_logprobs(
     the weights π0/μ at the stated one, the best-fitting temperature, the share of differing tokens whose
     stored log-prob is the higher (a truncated sampler's sign), and a ``warning`` (None when the stated
     settings fit)."""
-    rescored = scorer.logprobs(rows, temperature)
-    fits = {temperature: _compare(rows, rescored)}
+    stated = _gaps(rows, scorer.logprobs(rows, temperature))
+    fits = {temperature: _compare(stated)}
     if fits[temperature][0] > AGREEMENT:
-        fits |= {t: _compare(rows, scorer.logprobs(rows, t)) for t in TEMPERATURES if t != temperature}
+        fits |= {t: _compare(_gaps(rows, scorer.logprobs(rows, t))) for t in TEMPERATURES if t != temperature}
     gap, signed, ess = fits[temperature]
-    differing, higher = _signs(rows, rescored)
+    differing, higher = _signs(stated)
     best = min(fits, key=lambda t: fits[t][0])
     report = {
         "responses": len(rows),
@@ -89,9 +89,8 @@ def check_logprobs(
     return report
 
 
-def _compare(rows: list[dict], rescored: list[list[float]]) -> tuple[float, float, float]:
-    """(token-mean |Δ|, token-mean of stored − rescored, sequence ESS) with Δ = rescored − stored."""
-    gaps = _gaps(rows, rescored)
+def _compare(gaps: list[list[float]]) -> tuple[float, float, float]:
+    """(token-mean |Δ|, token-mean of stored − rescored, sequence ESS) of per-token Δ = rescored − stored."""
     tokens = sum(len(g) for g in gaps)
     gap = sum(abs(d) for g in gaps for d in g) / tokens
     signed = -sum(d for g in gaps for d in g) / tokens
@@ -99,9 +98,9 @@ def _compare(rows: list[dict], rescored: list[list[float]]) -> tuple[float, floa
     return gap, signed, ess
 
 
-def _signs(rows: list[dict], rescored: list[list[float]]) -> tuple[int, float]:
+def _signs(gaps: list[list[float]]) -> tuple[int, float]:
     """How many tokens differ by more than DIFFERING, and the share of them whose stored value is higher."""
-    differing = [d for g in _gaps(rows, rescored) for d in g if abs(d) > DIFFERING]
+    differing = [d for g in gaps for d in g if abs(d) > DIFFERING]
     return len(differing), sum(d < 0 for d in differing) / max(len(differing), 1)
 
 
