@@ -8,7 +8,7 @@ import typer
 from ggpo_cli import render
 from ggpo_cli.config_flags import with_config_flags
 
-from ggpo_offline.compare.config import ArcConfig, CompareConfig, TuneConfig
+from ggpo_offline.compare.config import ArcConfig, CompareConfig, RefreshConfig, TuneConfig
 from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.core.settings import config_from
 from ggpo_offline.evaluate.config import EvalConfig
@@ -194,6 +194,16 @@ def tune_report(settings: dict) -> None:
 
     out = write(config_from(TuneConfig, settings))
     print(f"wrote {out}/README.md")
+
+
+@app.command("report")
+@with_config_flags(RefreshConfig)
+def report(settings: dict) -> None:
+    """Recompute a report folder's tables from its committed counts with today's statistics."""
+    from ggpo_offline.compare.refresh import refresh_report
+
+    for path in refresh_report(config_from(RefreshConfig, settings)):
+        print(f"wrote {path}")
 
 
 @app.command("build-tiny-model")

@@ -12,7 +12,7 @@ from conftest import synthetic_metadata, write_synthetic_pool
 from test_cli import assert_one_error_line, ggpo
 from test_report import _record, _report
 
-from ggpo_offline.compare.arc import _records, ablation_table, arc_report, styles_table
+from ggpo_offline.compare.arc import _records, ablation_runs, ablation_table, arc_report, styles_table
 from ggpo_offline.compare.comparison import MARKER
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
@@ -121,25 +121,38 @@ ABLATED_GGPO = {0: BASE, 4: [3] * 4, 6: [5, 6, 7, 8], 7: [8, 7, 6, 5], 8: [3, 4,
 
 
 def test_ablations_are_compared_with_the_default_run_at_its_peak_and_final_update():
-    defaults = [_run("grpo", 42, ARC_RUNS["grpo", 42]), _run("ggpo", 42, DEFAULT_GGPO)]
-    ablations = {
-        # +1 correct of 8 on every problem at the final update and between the (earliest) peaks
-        "beta-0.003": [_run("agro", 42, ABLATED_GGPO), _run("ggpo", 42, ABLATED_GGPO)],
-        "beta-0.03": [_run("ggpo", 42, DEFAULT_GGPO), _run("ggpo", 7, ABLATED_GGPO)],
-    }
-    assert ablation_table(defaults, ablations).split("\n") == [
+    counts = Counts.from_records([_run("ggpo", 42, DEFAULT_GGPO)], ["ggpo"], [42])
+    ablations = ablation_runs(
+        {
+            # +1 correct of 8 on every problem at the final update and between the (earliest) peaks
+            "beta-0.003": [_run("agro", 42, ABLATED_GGPO), _run("ggpo", 42, ABLATED_GGPO)],
+            "beta-0.03": [_run("ggpo", 42, DEFAULT_GGPO), _run("ggpo", 7, ABLATED_GGPO)],
+        }
+    )
+    assert [(r["setting"], r["method"], r["seed"]) for r in ablations["runs"]] == [
+        ("beta-0.003", "agro", 42),
+        ("beta-0.003", "ggpo", 42),
+        ("beta-0.03", "ggpo", 42),
+        ("beta-0.03", "ggpo", 7),
+    ]
+    assert ablations["runs"][1]["evaluations"]["8"] == {"p0": 3, "p1": 4, "p2": 5, "p3": 6}
+    # The table comes back from the JSON alone (as ablations.json is read when a report is recomputed).
+    assert ablation_table(counts, json.loads(json.dumps(ablations))).split("\n") == [
         "### Ablations on validation (mean@n %, one seed): peak and final beside the default settings",
         "",
         "| setting | method | seed | peak (update) | final | final − default final [95 %] | peak − default"
         " peak [95 %] |",
         "|---|---|---:|---:|---:|---:|---:|",
-        # agro (no default run of agro) and seed 7 (no default of that seed) are left out
-        "| beta-0.003 | GGPO | 42 | 81.25 (6) | 56.25 | +12.50 [+12.50, +12.50] resolved"
-        " | +12.50 [+12.50, +12.50] resolved |",
-        "| beta-0.03 | GGPO | 42 | 68.75 (4) | 43.75 | +0.00 [+0.00, +0.00] not resolved"
-        " | +0.00 [+0.00, +0.00] not resolved |",
+        # agro (no default run of agro) and seed 7 (no default of that seed) are left out; one seed each:
+        # however clear the difference, too few seeds for a verdict about the setting
+        "| beta-0.003 | GGPO | 42 | 81.25 (6) | 56.25 | +12.50 [+12.50, +12.50] too few seeds"
+        " | +12.50 [+12.50, +12.50] too few seeds |",
+        "| beta-0.03 | GGPO | 42 | 68.75 (4) | 43.75 | +0.00 [+0.00, +0.00] too few seeds"
+        " | +0.00 [+0.00, +0.00] too few seeds |",
         "",
-        "Default settings (the arc preset): GGPO seed 42: peak 68.75 at 4, final 43.75.",  # GRPO not ablated
+        "Default settings (the arc preset): GGPO seed 42: peak 68.75 at 4, final 43.75. One seed per setting:"
+        " each interval is over problems and describes the two runs; a verdict about the settings needs more"
+        " seeds.",
         "",
     ]
 
@@ -245,9 +258,12 @@ def test_the_arc_report_writes_every_file_and_its_tables_come_back_from_the_coun
     write_tables(Counts.read(out / COUNTS_FILE), tmp_path / "again")
     assert (tmp_path / "again" / "table.md").read_text() == (out / "table.md").read_text()
     assert (out / "ablations.md").read_text().splitlines()[4] == (
-        "| beta-0.003 | GGPO | 42 | 87.50 (8) | 87.50 | +12.50 [+12.50, +12.50] resolved"
-        " | +12.50 [+12.50, +12.50] resolved |"
+        "| beta-0.003 | GGPO | 42 | 87.50 (8) | 87.50 | +12.50 [+12.50, +12.50] too few seeds"
+        " | +12.50 [+12.50, +12.50] too few seeds |"
     )
+    ablations_json = json.loads((out / "ablations.json").read_text())
+    recomputed = ablation_table(Counts.read(out / COUNTS_FILE), ablations_json)
+    assert recomputed == (out / "ablations.md").read_text()
     # Styles of seed 42: the base model, then each run's selected and final checkpoint (once when equal).
     grpo, ggpo_run = RunFolder(first / "runs" / "grpo-s42"), RunFolder(second / "runs" / "ggpo-s42")
     models = [BASE_MODEL, str(grpo.checkpoint(4)), str(grpo.checkpoint(8)), str(ggpo_run.checkpoint(8))]

@@ -3,6 +3,7 @@ claims, and committed reports recomputed from their raw counts."""
 
 import csv
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from ggpo_offline.compare.report import DIAGNOSTICS_FILE, FIGURES, RunRecord, wr
 from ggpo_offline.core.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
+CEILINGS = REPO / "ggpo_offline" / "organism" / "tiny_model" / "styles.json"
 SEEDS = (42, 1234, 2027)
 
 
@@ -120,8 +122,9 @@ def test_test_tables_report_the_selected_and_the_final_checkpoint(tmp_path):
     assert "| GGPO | 8 | **75.00 ± 0.00** | **75.00 ± 0.00** | 100.00 ± 0.00 † | 50.00 ± 0.00 |" in selected
     final = markdown[markdown.index("### Test at the final checkpoint (update 8) on arith-test (%)") :]
     std = statistics.stdev([25.0, 50.0])
+    # GGPO − GRPO is +25 and +50 on the two seeds: t on 1 df cannot resolve it (GRPO marked †).
     assert (
-        f"| GRPO | 8 | 37.50 ± {std:.2f} | 37.50 ± {std:.2f} | **100.00 ± 0.00** | 12.50 ± {std:.2f} |"
+        f"| GRPO | 8 | 37.50 ± {std:.2f} † | 37.50 ± {std:.2f} † | **100.00 ± 0.00** | 12.50 ± {std:.2f} |"
         in final
     )
 
@@ -158,12 +161,14 @@ def test_a_ten_point_difference_is_resolved_and_equal_methods_are_not(tmp_path):
     lines = {
         line.split(" | ")[1]: line for line in markdown.splitlines() if line.startswith("| validation, ")
     }
-    assert lines["GRPO − GGPO"].endswith("| resolved |")
-    assert lines["AGRO − GGPO"].endswith("| resolved |")
-    assert lines["GRPO − AGRO"].endswith("| not resolved |")
+    assert lines["GRPO − GGPO"].endswith("| resolved |  |")  # nothing more needed
+    assert lines["AGRO − GGPO"].endswith("| resolved |  |")
+    assert "| not resolved | MDE " in lines["GRPO − AGRO"]
     difference = float(lines["GRPO − GGPO"].split(" | ")[2].split(" ")[0])
     assert -12.5 < difference < -7.5
-    assert "Minimum detectable difference at this size (500 problems × 8 samples × 3 seeds" in markdown
+    assert (
+        "Minimum detectable difference of a pair at this size (500 problems × 8 samples × 3 seeds" in markdown
+    )
 
 
 UPDATES = (0, 8, 16, 24, 32, 40)
@@ -193,7 +198,7 @@ def test_the_papers_claims_get_verdicts_with_intervals(tmp_path):
     claims = _claims(markdown)
     assert claims["a"].startswith(
         "- (a) GGPO is the highest from 2/5 of the run on (paper: every evaluation from update 160 of 400):"
-        " **resolved** — weakest GGPO − GRPO+TIS at validation update 16: +"
+        " **resolved** [18] — weakest GGPO − GRPO+TIS at validation update 16: +"
     )
     # (a) reads validation from 2/5 of the run (update 16 of 40) on, then test at both checkpoints.
     nested = [
@@ -208,18 +213,23 @@ def test_the_papers_claims_get_verdicts_with_intervals(tmp_path):
         "  - test, final checkpoint",
     ]
     assert (
-        "**resolved** that every other method ends above GRPO (each − GRPO at validation update 40:"
+        "**resolved** [3] that every other method ends above GRPO (each − GRPO at validation update 40:"
         in claims["b"]
     )
     assert "(no move detected)" in claims["b"] and "; GRPO − base model " in claims["b"]
     assert "seed 42 0.01–0.0139 (last 0.0139)" in claims["b"]
-    assert "**not resolved** on the test (selected − final checkpoint) declines" in claims["c every"]  # GRPO
+    assert (
+        "**not resolved** [4] on the test (selected − final checkpoint) declines" in claims["c every"]
+    )  # GRPO
     grpo_tis = next(line for line in markdown.splitlines() if line.startswith("  - GRPO+TIS: peak"))
     assert "at update 24, final" in grpo_tis and grpo_tis.endswith("resolved.")
     assert "; test decline (selected − final) +" in grpo_tis
-    # GGPO falls 8 points, GRPO+TIS and AGRO 12–20, GRPO not at all: resolved against (GRPO declines less).
+    # GGPO falls 8 points, GRPO+TIS and AGRO 12–20, GRPO not at all: GGPO declines less than GRPO+TIS, more
+    # than GRPO; with 3 seeds (t on 2 df) and Holm over the 3, not every one is resolved below 0, and GRPO's
+    # +6.65 is not resolved above it.
     assert claims["c least"].startswith(
-        "- (c) GGPO declines least: **resolved against** — GGPO's test decline"
+        "- (c) GGPO declines least: **not resolved** [3] — GGPO's test decline − each other method's:"
+        " vs GRPO +"
     )
     assert claims["d"].startswith(
         "- (d) GRPO+TIS ≥ GRPO at mid-training (paper: 57.93 vs 38.36 at update 160 of 400): at validation"
@@ -236,9 +246,11 @@ def test_claims_against_the_paper_and_within_noise(tmp_path):
         "ggpo": dict(zip(UPDATES, (0.35, 0.5, 0.3, 0.25, 0.2, 0.2), strict=True)),  # collapses
     }
     claims = _claims(_tables(_simulated(curves), list(curves), tmp_path))
-    assert "**resolved against** — weakest GGPO − GRPO" in claims["a"]
+    assert "**resolved against** [12] — weakest GGPO − GRPO" in claims["a"]
     assert "GGPO resolved below GRPO at 5 of 6, GRPO+TIS at 5 of 6 places" in claims["a"]
-    assert "**resolved against** that every other method ends above GRPO" in claims["b"]  # GGPO ends below
+    assert (
+        "**resolved against** [2] that every other method ends above GRPO" in claims["b"]
+    )  # GGPO ends below
     assert "(moved)" in claims["b"]
     assert claims["c least"].startswith("- (c) GGPO declines least: **resolved against**")
     assert claims["d"].endswith("**not resolved**.")
@@ -338,10 +350,13 @@ def test_run_folders_are_read_with_their_validation_and_test_evaluations(tmp_pat
     assert counts.selected == {("grpo", 7): 5, ("ggpo", 7): 5}
     assert counts.drift["grpo", 7] == ((0, 0.0123457),)  # 6 significant digits
     markdown = (tmp_path / "report" / "table.md").read_text()
-    assert "| GRPO | 5 | 41.67 | 41.67 |" in markdown and "| GGPO | 5 | **83.33** | **83.33** |" in markdown
+    # One seed: no verdict about the learners, so GRPO is not resolved below GGPO (too few seeds).
+    assert (
+        "| GRPO | 5 | 41.67 † | 41.67 † |" in markdown and "| GGPO | 5 | **83.33** | **83.33** |" in markdown
+    )
 
 
-def _arith_record(method: str, test_counts: list[int], selected: int = 10) -> RunRecord:
+def _arith_record(method: str, test_counts: list[int], selected: int = 10, seed: int = 42) -> RunRecord:
     """One seed's run on 4 flat (level 1) and 6 nested (level 4) arith test problems, n = 8."""
     ids = [f"arith-L1-{i:012x}" for i in range(4)] + [f"arith-L4-{i:012x}" for i in range(4, 10)]
 
@@ -355,8 +370,8 @@ def _arith_record(method: str, test_counts: list[int], selected: int = 10) -> Ru
     base = [4] * 10
     return RunRecord(
         method=method,
-        seed=42,
-        run_dir=Path(f"runs/{method}-s42"),
+        seed=seed,
+        run_dir=Path(f"runs/{method}-s{seed}"),
         config={},
         result={"pool_fingerprint": "pool", "data_order_fingerprint": "plan", "selected_update": selected},
         evals={0: report("validation", base), selected: report("validation", test_counts)},
@@ -383,22 +398,33 @@ def test_the_ceilings_section_sets_each_method_against_both_ceilings_per_prompt_
 
     grpo = _arith_record("grpo", [8] * 4 + [2] * 6)  # flat 100 %, nested 25 %: 55 % in all
     ggpo = _arith_record("ggpo", [8] * 10)
-    counts = Counts.from_records([grpo, ggpo], ["grpo", "ggpo"], [42])
+    runs = [
+        grpo,
+        ggpo,
+        _arith_record("grpo", [8] * 4 + [3] * 6, seed=7),
+        _arith_record("ggpo", [8] * 10, seed=7),
+    ]
+    counts = Counts.from_records(runs, ["grpo", "ggpo"], [42, 7])
     lines = ceilings_section(Scores(counts), ["grpo", "ggpo"], STYLES_REPORT)
     # flat share 0.4: prompt-blind = max(careful .4*20 + .6*70 = 50, quick .4*90 + .6*30 = 54); aware 36 + 42
     assert "reaches at most the **prompt-blind ceiling**, 54.00 (quick everywhere)" in lines[2]
     assert "**prompt-aware ceiling**, 78.00 (quick on flat: 90.0, careful on nested: 70.0)" in lines[2]
-    assert (
-        lines[4] == "| method | update | flat (4) | nested (6) | mean@8 | − prompt-blind ceiling [95 % CI] |"
+    assert lines[4] == (
+        "| method | update | flat (4) | nested (6) | mean@8 | − prompt-blind ceiling [95 % CI] |"
+        " verdict (Holm over 2) |"
     )
-    assert lines[6] == "| base model | 0 | 50.00 | 50.00 | 50.00 | -4.00 [-4.00, -4.00] |"
-    assert lines[7].startswith("| GRPO | 10 | 100.00 | 25.00 | 55.00 | +1.00 [")
-    assert lines[8] == "| GGPO | 10 | 100.00 | 100.00 | 100.00 | +46.00 [+46.00, +46.00] |"
-    assert lines[-2] == "Resolved above the prompt-blind ceiling: GGPO."
-    alone = ceilings_section(Scores(Counts.from_records([grpo], ["grpo"], [42])), ["grpo"], STYLES_REPORT)
+    assert lines[6] == "| base model | 0 | 50.00 | 50.00 | 50.00 | -4.00 [-4.00, -4.00] |  |"
+    # GRPO: 55 and 62.5 on the two seeds (+1 and +8.5 over the ceiling), 10 problems that differ: on 1 df
+    assert lines[7].startswith("| GRPO | 10 | 100.00 | 31.25 | 58.75 | +4.75 [")
+    assert lines[7].endswith("| not resolved |")
+    assert lines[8] == "| GGPO | 10 | 100.00 | 100.00 | 100.00 | +46.00 [+46.00, +46.00] | resolved |"
+    assert lines[-2] == "Resolved above the prompt-blind ceiling (Holm over the 2 methods): GGPO."
+    one_seed = Counts.from_records([grpo], ["grpo"], [42])
+    alone = ceilings_section(Scores(one_seed), ["grpo"], STYLES_REPORT)
     assert alone[-2] == (
-        "No method ends resolved above the prompt-blind ceiling (54.00). The best, GRPO, ends at 55.00: "
-        "flat 100.0 against quick's 90.0, nested 25.0 against careful's 70.0."
+        "No method ends resolved above the prompt-blind ceiling (54.00; one seed: too few seeds for a"
+        " verdict). The best, GRPO, ends at 55.00: flat 100.0 against quick's 90.0, nested 25.0 against"
+        " careful's 70.0."
     )
 
 
@@ -416,3 +442,33 @@ def test_a_ceilings_file_that_is_not_a_forced_measure_is_refused_in_one_line(tmp
         read_ceilings(tmp_path / "absent.json")
     (tmp_path / "styles.json").write_text(json.dumps(STYLES_REPORT))
     assert read_ceilings(tmp_path / "styles.json") == STYLES_REPORT and read_ceilings(None) is None
+
+
+def test_ggpo_report_recomputes_a_committed_report_from_its_counts(tmp_path):
+    from test_cli import assert_one_error_line, ggpo
+
+    from ggpo_offline.compare.config import RefreshConfig
+    from ggpo_offline.compare.refresh import refresh_report
+    from ggpo_offline.compare.report import STATISTICS
+
+    committed, folder = REPO / "docs" / "demo", tmp_path / "demo"
+    shutil.copytree(committed, folder)
+    # The report as an older version left it: other tables and statistics, in the files and the README.
+    readme = (folder / "README.md").read_text()
+    for name in ("table.md", "ceilings.md"):
+        old = f"### {name}, as an older version wrote it\n"
+        readme = readme.replace((folder / name).read_text(), old)
+        (folder / name).write_text(old)
+    (folder / "README.md").write_text(readme.replace(STATISTICS, "The bootstrap of an older version."))
+    (folder / "table.csv").write_text("table\n")
+    assert_one_error_line(ggpo("report", "--folder", str(folder)), "has ceilings.md: give --ceilings FILE")
+    assert (folder / "table.csv").read_text() == "table\n"  # refused before anything was written
+    refresh_report(RefreshConfig(folder=folder, ceilings=CEILINGS))
+    for name in ("README.md", "table.md", "table.csv", "ceilings.md", COUNTS_FILE, "figure.png"):
+        assert (folder / name).read_bytes() == (committed / name).read_bytes(), name
+    assert_one_error_line(ggpo("report", "--folder", str(tmp_path)), "neither counts.json nor tuning.json")
+    (folder / "README.md").write_text("# edited by hand\n")
+    assert_one_error_line(
+        ggpo("report", "--folder", str(folder), "--ceilings", str(CEILINGS)),
+        "README.md no longer holds table.md as written",
+    )

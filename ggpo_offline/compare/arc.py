@@ -12,16 +12,18 @@ from ggpo_offline.compare import stats
 from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings, write_ceilings
 from ggpo_offline.compare.comparison import MARKER
 from ggpo_offline.compare.config import ArcConfig
+from ggpo_offline.compare.counts import Counts
 from ggpo_offline.compare.report import STATISTICS, write_report
-from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run
+from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run, validation_counts
 from ggpo_offline.compare.tables import display, interval_verdict, rate_text
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.inspect import pool_summary
-from ggpo_offline.train.evaluation import selected_update
 from ggpo_offline.train.run import RunFolder
 
 ABLATIONS_FILE = "ablations.md"
+ABLATIONS_COUNTS = "ablations.json"
+ABLATIONS_FORMAT = "ggpo-offline ablations 1"
 STYLES_FILE = "styles.md"
 
 
@@ -40,7 +42,9 @@ def arc_report(config: ArcConfig) -> Path:
     counts = write_report(records, list(config.methods), list(config.seeds), out)
     write_ceilings(out, counts, list(config.methods), config.ceilings)
     if config.ablations is not None:
-        (out / ABLATIONS_FILE).write_text(ablation_table(records, _ablation_parts(config.ablations)))
+        runs = ablation_runs(_ablation_parts(config.ablations))
+        (out / ABLATIONS_COUNTS).write_text(json.dumps(runs, indent=1) + "\n")
+        (out / ABLATIONS_FILE).write_text(ablation_table(counts, runs))
     by_run = {(r.method, r.seed): r for r in records}
     chosen = [by_run[(m, config.styles_seed)] for m in config.methods if (m, config.styles_seed) in by_run]
     (out / STYLES_FILE).write_text(styles_along(chosen, config.styles_problems, out / "styles.json"))
@@ -94,8 +98,10 @@ def write_readme(config: ArcConfig, records: list[RunRecord]) -> None:
         "",
         "`counts.json` holds every evaluation's per-problem correct counts (validation and test, every"
         " method, seed and update); `table.md` and `table.csv` are recomputed from it alone"
-        " (`tests/test_report.py` checks the committed copy). `diagnostics.csv` holds every run's drift,"
-        " K3, ESS, entropy and gradient norm per update; `styles.json` the full measure-styles reports.",
+        " (`tests/test_report.py` checks the committed copy), and `ablations.md` from it and"
+        " `ablations.json` (the ablation runs' validation counts); `ggpo report --folder` recomputes them."
+        " `diagnostics.csv` holds every run's drift, K3, ESS, entropy and gradient norm per update;"
+        " `styles.json` the full measure-styles reports.",
         "",
     ]
     (out / "README.md").write_text("\n".join(sections))
@@ -135,17 +141,50 @@ def _ablation_parts(folder: Path) -> dict[str, list[RunRecord]]:
     return {p.name: part_records(p) for p in sorted(folder.iterdir()) if (p / MARKER).is_file()}
 
 
-def validation_points(record: RunRecord, update: int) -> np.ndarray:
-    """Per-problem mean@n in points at one validation evaluation, ``[1, problems]`` in prompt-id order."""
-    report = record.evals[update]
-    counts = {p: c for scores in report["benchmarks"].values() for p, c in scores["counts"].items()}
-    return 100.0 * np.array([[counts[p] for p in sorted(counts)]], dtype=float) / report["n"]
+def evaluation_counts(counts: Counts, method: str, seed: int) -> dict[int, dict[str, int]]:
+    """One default run's validation evaluations from counts.json: update -> prompt id -> correct."""
+    prompts = counts.prompts["validation"]
+    found = {}
+    for (m, s, split, update), by_benchmark in counts.correct.items():
+        if (m, s, split) == (method, seed, "validation"):
+            pairs = (zip(ids, by_benchmark[name], strict=True) for name, ids in prompts.items())
+            found[update] = {p: c for pair in pairs for p, c in pair}
+    return dict(sorted(found.items()))
 
 
-def ablation_table(defaults: list[RunRecord], ablations: dict[str, list[RunRecord]]) -> str:
+def ablation_runs(ablations: dict[str, list[RunRecord]]) -> dict:
+    """ablations.json: every ablation run's per-problem validation counts (the ablation table is recomputed
+    from it and the default runs' counts.json)."""
+    runs = [
+        {
+            "setting": name,
+            "method": record.method,
+            "seed": record.seed,
+            "n": record.evals[0]["n"],
+            "evaluations": {str(u): merged for u, merged in validation_counts(record).items()},
+        }
+        for name, records in ablations.items()
+        for record in records
+    ]
+    return {"format": ABLATIONS_FORMAT, "runs": runs}
+
+
+def _points(evaluation: dict[str, int], n: int) -> np.ndarray:
+    """Per-problem mean@n in points, ``[1, problems]`` in prompt-id order."""
+    return 100.0 * np.array([[evaluation[p] for p in sorted(evaluation)]], dtype=float) / n
+
+
+def _peak(evaluations: dict[int, dict[str, int]]) -> int:
+    """The run's checkpoint chosen on validation: the most correct samples, the earliest among equals (the
+    rule of train.evaluation.selected_update, on exact integers)."""
+    return max(sorted(evaluations), key=lambda update: (sum(evaluations[update].values()), -update))
+
+
+def ablation_table(counts: Counts, ablations: dict) -> str:
     """The paper's Table 6 axes on validation: each setting's peak and final beside the default run of the
-    same method and seed, with paired intervals (problems resampled; one seed)."""
-    by_run = {(r.method, r.seed): r for r in defaults}
+    same method and seed (from ``counts``), with paired intervals over problems: one seed, so each verdict
+    is "too few seeds"."""
+    n = counts.n["validation"]
     lines = [
         "### Ablations on validation (mean@n %, one seed): peak and final beside the default settings",
         "",
@@ -153,40 +192,37 @@ def ablation_table(defaults: list[RunRecord], ablations: dict[str, list[RunRecor
         " peak [95 %] |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for name, records in ablations.items():
-        for record in records:
-            default = by_run.get((record.method, record.seed))
-            if default is None:
-                continue
-            final, peak = max(record.evals), selected_update(record.evals)
-            final_gap = stats.paired_interval(
-                validation_points(record, final) - validation_points(default, max(default.evals))
-            )
-            peak_gap = stats.paired_interval(
-                validation_points(record, peak) - validation_points(default, selected_update(default.evals))
-            )
-            lines.append(
-                f"| {name} | {display(record.method)} | {record.seed} | "
-                f"{validation_points(record, peak).mean():.2f} ({peak}) | "
-                f"{validation_points(record, final).mean():.2f} | {interval_verdict(final_gap)} | "
-                f"{interval_verdict(peak_gap)} |"
-            )
-    lines += ["", _defaults_line(defaults, ablations), ""]
+    shown = []
+    for run in ablations["runs"]:
+        if run["method"] not in counts.methods or run["seed"] not in counts.seeds:
+            continue
+        default = evaluation_counts(counts, run["method"], run["seed"])
+        shown.append((run["method"], run["seed"], default))
+        evaluations = {int(u): e for u, e in run["evaluations"].items()}
+        final, peak = max(evaluations), _peak(evaluations)
+        final_gap = stats.paired_interval(_points(evaluations[final], n) - _points(default[max(default)], n))
+        peak_gap = stats.paired_interval(_points(evaluations[peak], n) - _points(default[_peak(default)], n))
+        means = _points(evaluations[peak], n).mean(), _points(evaluations[final], n).mean()
+        lines.append(
+            f"| {run['setting']} | {display(run['method'])} | {run['seed']} | {means[0]:.2f} ({peak}) |"
+            f" {means[1]:.2f} | {interval_verdict(final_gap)} | {interval_verdict(peak_gap)} |"
+        )
+    lines += ["", _defaults_line(shown, n), ""]
     return "\n".join(lines)
 
 
-def _defaults_line(defaults: list[RunRecord], ablations: dict[str, list[RunRecord]]) -> str:
-    shown = {(r.method, r.seed) for records in ablations.values() for r in records}
+def _defaults_line(shown: list[tuple[str, int, dict]], n: int) -> str:
     parts = []
-    for record in defaults:
-        if (record.method, record.seed) in shown:
-            peak, final = selected_update(record.evals), max(record.evals)
-            parts.append(
-                f"{display(record.method)} seed {record.seed}: peak "
-                f"{validation_points(record, peak).mean():.2f} at {peak}, final "
-                f"{validation_points(record, final).mean():.2f}"
-            )
-    return "Default settings (the arc preset): " + "; ".join(parts) + "."
+    for method, seed, default in dict(((m, s), (m, s, d)) for m, s, d in shown).values():
+        peak, final = _peak(default), max(default)
+        parts.append(
+            f"{display(method)} seed {seed}: peak {_points(default[peak], n).mean():.2f} at {peak}, final "
+            f"{_points(default[final], n).mean():.2f}"
+        )
+    return (
+        "Default settings (the arc preset): " + "; ".join(parts) + ". One seed per setting: each interval is"
+        " over problems and describes the two runs; a verdict about the settings needs more seeds."
+    )
 
 
 def styles_along(records: list[RunRecord], problems: int, json_out: Path) -> str:

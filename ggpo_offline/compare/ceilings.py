@@ -59,33 +59,38 @@ def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) ->
         "",
         "| method | update | "
         + " | ".join(class_headers)
-        + f" | mean@{n} | − prompt-blind ceiling [95 % CI] |",
-        "|---|---:|" + "---:|" * (len(names) + 2),
+        + f" | mean@{n} | − prompt-blind ceiling [95 % CI] | verdict (Holm over {len(methods)}) |",
+        "|---|---:|" + "---:|" * (len(names) + 2) + "---|",
     ]
-    above, ends = [], {}
+    rows, intervals, ends = [], {}, {}
     for method in [BASE] + methods:
         at = At("test", scope, 0 if method == BASE else SELECTED)
         points = scores.points(method, at)
         updates = counts.checkpoints(method, at.checkpoint)
         update = " ".join(map(str, updates)) if len(set(updates)) > 1 else str(updates[0])
         per_class = [f"{points[:, masks[name]].mean():.2f}" for name in names]
-        interval = stats.paired_interval(points - blind)
+        intervals[method] = stats.paired_interval(points - blind)
         ends[method] = (float(points.mean()), {name: float(points[:, masks[name]].mean()) for name in names})
-        if method != BASE and interval.low > 0:
-            above.append(display(method))
-        lines.append(
-            f"| {display(method)} | {update} | " + " | ".join(per_class) + f" | {points.mean():.2f} | "
-            f"{interval.mean:+.2f} [{interval.low:+.2f}, {interval.high:+.2f}] |"
-        )
-    lines += ["", _verdict(ends, methods, above, blind, forced, best), ""]
+        start = f"| {display(method)} | {update} | " + " | ".join(per_class) + f" | {points.mean():.2f} | "
+        rows.append((method, start))
+    judged = dict(zip(methods, stats.judge([intervals[m] for m in methods]), strict=True))
+    above = [display(m) for m in methods if judged[m].resolved and judged[m].interval.mean > 0]
+    for method, start in rows:
+        verdict = "" if method == BASE else judged[method].verdict
+        lines.append(f"{start}{intervals[method].text()} | {verdict} |")
+    lines += ["", _verdict(ends, methods, above, blind, forced, best, len(counts.seeds)), ""]
     return lines
 
 
-def _verdict(ends: dict, methods: list[str], above: list[str], blind: float, forced: dict, best: dict) -> str:
+def _verdict(
+    ends: dict, methods: list[str], above: list[str], blind: float, forced: dict, best: dict, seeds: int
+) -> str:
     """The verdict in words: which methods end resolved above the prompt-blind ceiling, or that none does and
     where the best one falls short of each class's best style."""
+    few = "; one seed: too few seeds for a verdict" if seeds < stats.MIN_SEEDS else ""
     if above:
-        return f"Resolved above the prompt-blind ceiling: {', '.join(above)}."
+        family = f"Holm over the {len(methods)} methods"
+        return f"Resolved above the prompt-blind ceiling ({family}): {', '.join(above)}."
     leader = max(methods, key=lambda method: ends[method][0])
     mean, per_class = ends[leader]
     gaps = ", ".join(
@@ -93,8 +98,8 @@ def _verdict(ends: dict, methods: list[str], above: list[str], blind: float, for
         for name, style in best.items()
     )
     return (
-        f"No method ends resolved above the prompt-blind ceiling ({blind:.2f}). The best, {display(leader)}, "
-        f"ends at {mean:.2f}: {gaps}."
+        f"No method ends resolved above the prompt-blind ceiling ({blind:.2f}{few}). The best,"
+        f" {display(leader)}, ends at {mean:.2f}: {gaps}."
     )
 
 

@@ -4,19 +4,21 @@ from ggpo_offline.compare import stats
 from ggpo_offline.compare.counts import BASE, SELECTED
 from ggpo_offline.compare.paired import At, Scores
 from ggpo_offline.compare.pairwise import headline
-from ggpo_offline.compare.tables import csv_row, display, verdict
+from ggpo_offline.compare.tables import csv_row, display, validation_declines
 
 FROM = (2, 5)
 """Claim (a) starts at 2/5 of the run: the paper's update 160 of 400."""
 
 
-def directional(intervals: list[stats.Interval], sign: int = 1) -> str:
-    """resolved: every interval excludes 0 on the claimed side (above it for ``sign`` 1, below for -1);
-    resolved against: one excludes 0 on the other side; not resolved otherwise."""
-    bounds = [(i.low, i.high) if sign > 0 else (-i.high, -i.low) for i in intervals]
-    if all(low > 0 for low, _ in bounds):
+def directional(family: list[stats.Judged], sign: int = 1) -> str:
+    """A claim's verdict from its intervals judged as one Holm family: resolved when every one is resolved
+    on the claimed side (above 0 for ``sign`` 1, below for -1); resolved against when one is resolved on the
+    other side; too few seeds when the seeds cannot give a verdict; not resolved otherwise."""
+    if any(j.verdict == stats.TOO_FEW_SEEDS for j in family):
+        return stats.TOO_FEW_SEEDS
+    if all(j.resolved and sign * j.interval.mean > 0 for j in family):
         return "resolved"
-    if any(high < 0 for _, high in bounds):
+    if any(j.resolved and sign * j.interval.mean < 0 for j in family):
         return "resolved against"
     return "not resolved"
 
@@ -41,17 +43,20 @@ class Claims:
         head = [
             "### The paper's offline claims, with paired 95 % intervals",
             "",
-            "**resolved**: every interval excludes 0 on the claimed side; **resolved against**: one"
-            " excludes 0 on the other side; **not resolved**: the data cannot tell at this size.",
+            "Each claim's intervals are one family (Holm, its size in brackets). **resolved**: every one is"
+            " resolved on the claimed side; **resolved against**: one is resolved on the other side; **not"
+            " resolved**: the data cannot tell at this size; **too few seeds**: one seed cannot say.",
             "",
         ]
         return head + self.lines + [""], self.rows
 
-    def _interval(self, claim: str, terms, method: str, versus: str, at: At) -> stats.Interval:
-        interval = self.scores.contrast(terms)
-        metric = f"mean@{self.counts.n[at.split]}"
-        self.rows.append(csv_row(f"claim {claim}", at, method, metric, versus=versus, interval=interval))
-        return interval
+    def _family(self, claim: str, items: list[tuple]) -> list[stats.Judged]:
+        """``items`` (terms, method, versus, at) judged as one family, each with its table.csv row."""
+        family = stats.judge([self.scores.contrast(terms) for terms, *_ in items])
+        for (_, method, versus, at), judged in zip(items, family, strict=True):
+            metric = f"mean@{self.counts.n[at.split]}"
+            self.rows.append(csv_row(f"claim {claim}", at, method, metric, versus=versus, judged=judged))
+        return family
 
     def _places(self) -> list[tuple[At, str]]:
         """Validation from 2/5 of the run on, then test at the selected and final checkpoints."""
@@ -69,20 +74,24 @@ class Claims:
         others = [m for m in self.methods if m != "ggpo"]
         if "ggpo" not in self.methods or not others:
             return
+        places = self._places()
+        items = [(((1, "ggpo", at), (-1, o, at)), "ggpo", o, at) for at, _ in places for o in others]
+        family = iter(self._family("a", items))
         found, nested = [], []
-        for at, label in self._places():
-            pairs = [(o, self._interval("a", ((1, "ggpo", at), (-1, o, at)), "ggpo", o, at)) for o in others]
-            found += [(label, o, i) for o, i in pairs]
-            nested.append(f"  - {label}: " + "; ".join(f"vs {display(o)} {i.text()}" for o, i in pairs))
-        word = directional([i for _, _, i in found])
-        label, other, weakest = min(found, key=lambda x: x[2].low)
-        below = {o: sum(i.high < 0 for _, other, i in found if other == o) for o in others}
+        for _, label in places:
+            pairs = [(o, next(family)) for o in others]
+            found += [(label, o, j) for o, j in pairs]
+            listing = "; ".join(f"vs {display(o)} {j.interval.text()}" for o, j in pairs)
+            nested.append(f"  - {label}: {listing}")
+        word = directional([j for _, _, j in found])
+        label, other, weakest = min(found, key=lambda x: x[2].interval.low)
+        below = {o: sum(j.resolved and j.interval.mean < 0 for _, x, j in found if x == o) for o in others}
         against = [f"{display(o)} at {k} of {len(nested)}" for o, k in below.items() if k]
         tail = f"; GGPO resolved below {', '.join(against)} places" if against else ""
         self.lines += [
             f"- (a) GGPO is the highest from {FROM[0]}/{FROM[1]} of the run on (paper: every evaluation from"
-            f" update 160 of 400): **{word}** — weakest GGPO − {display(other)} at {label}:"
-            f" {weakest.text()}{tail}. GGPO − each method:",
+            f" update 160 of 400): **{word}** [{len(found)}] — weakest GGPO − {display(other)} at {label}:"
+            f" {weakest.interval.text()}{tail}. GGPO − each method:",
             *nested,
         ]
 
@@ -92,16 +101,17 @@ class Claims:
         if "grpo" not in self.methods:
             return
         end, start = At("validation", self.val, self.last), At("validation", self.val, 0)
-        moved = self._interval("b", ((1, "grpo", end), (-1, BASE, start)), "grpo", BASE, end)
+        (moved,) = self._family("b", [(((1, "grpo", end), (-1, BASE, start)), "grpo", BASE, end)])
         others = [m for m in self.methods if m != "grpo"]
-        below = [self._interval("b", ((1, m, end), (-1, "grpo", end)), m, "grpo", end) for m in others]
+        below = self._family("b", [(((1, m, end), (-1, "grpo", end)), m, "grpo", end) for m in others])
         claim = directional(below) if below else "not resolved"
-        behind = ", ".join(f"{display(m)} {i.text()}" for m, i in zip(others, below, strict=True))
+        behind = ", ".join(f"{display(m)} {j.interval.text()}" for m, j in zip(others, below, strict=True))
+        word = {"resolved": "moved", "not resolved": "no move detected"}.get(moved.verdict, moved.verdict)
         self.lines.append(
             f"- (b) GRPO stays near the base model with near-constant drift (paper: 32.96 → 39.64 while the"
-            f" others peak at 58–60): **{claim}** that every other method ends above GRPO (each − GRPO at"
-            f" validation update {self.last}: {behind or 'no other method'}); GRPO − base model"
-            f" {moved.text()} ({'moved' if moved.resolved else 'no move detected'}); {self._drift('grpo')}."
+            f" others peak at 58–60): **{claim}** [{len(below)}] that every other method ends above GRPO"
+            f" (each − GRPO at validation update {self.last}: {behind or 'no other method'}); GRPO − base"
+            f" model {moved.interval.text()} ({word}); {self._drift('grpo')}."
         )
 
     def _drift(self, method: str) -> str:
@@ -116,28 +126,26 @@ class Claims:
 
     def declines(self) -> None:
         """(c) each method's decline after its peak, then GGPO's decline against each other's."""
-        peaks = {m: self.scores.peak(m, "validation", self.val) for m in self.methods}
+        peaks, biased = validation_declines(self.scores, self.methods, self.val)  # the Table 5 rows'
         final = At("validation", self.val, self.last)
-        rows, chosen = [], {}
-        for method in self.methods:
+        chosen = biased
+        if self.tested:
+            chosen = self._family("c", [(self._test_decline(m), m, m, self._test()[0]) for m in self.methods])
+        rows = []
+        for method, validation, test in zip(self.methods, biased, chosen, strict=True):
             peak = At("validation", self.val, peaks[method])
-            biased = self.scores.contrast(((1, method, peak), (-1, method, final)))  # in the Table 5 rows
             text = (
                 f"  - {display(method)}: peak {self.scores.cell(method, peak).mean:.2f} at update"
                 f" {peaks[method]}, final {self.scores.cell(method, final).mean:.2f}; validation decline"
-                f" {biased.text()} {verdict(biased)}"
+                f" {validation.text()}"
             )
-            chosen[method] = biased
             if self.tested:
-                chosen[method] = self._interval(
-                    "c", self._test_decline(method), method, method, self._test()[0]
-                )
-                text += f"; test decline (selected − final) {chosen[method].text()} {verdict(chosen[method])}"
+                text += f"; test decline (selected − final) {test.text()}"
             rows.append(text + ".")
         which = "test (selected − final checkpoint)" if self.tested else "validation (peak − final)"
         self.lines += [
             f"- (c) Every method declines after its peak (paper: GRPO+TIS 58.28 → 42.71, AGRO 57.91 → 46.43,"
-            f" GGPO 59.79 → 48.31): **{directional(list(chosen.values()))}** on the {which} declines. A peak"
+            f" GGPO 59.79 → 48.31): **{directional(chosen)}** [{len(chosen)}] on the {which} declines. A peak"
             " picked as the maximum over validation evaluations is biased upward, and so is the validation"
             " decline; the test decline (checkpoint selected on validation, scored once on test) is not:",
             *rows,
@@ -158,7 +166,7 @@ class Claims:
         if "ggpo" not in self.methods or not others:
             return
         final = At("validation", self.val, self.last)
-        found = []
+        items = []
         for other in others:
             if self.tested:
                 terms = self._test_decline("ggpo") + self._test_decline(other, -1)
@@ -167,11 +175,13 @@ class Claims:
                 at = At("validation", self.val, peaks["ggpo"])
                 terms = ((1, "ggpo", at), (-1, "ggpo", final))
                 terms += ((-1, other, At("validation", self.val, peaks[other])), (1, other, final))
-            found.append((other, self._interval("c", terms, "ggpo", other, at)))
-        listing = "; ".join(f"vs {display(o)} {i.text()}" for o, i in found)
+            items.append((terms, "ggpo", other, at))
+        family = self._family("c", items)
+        pairs = zip(others, family, strict=True)
+        listing = "; ".join(f"vs {display(o)} {j.interval.text()}" for o, j in pairs)
         which = "test" if self.tested else "validation"
         self.lines.append(
-            f"- (c) GGPO declines least: **{directional([i for _, i in found], sign=-1)}** — GGPO's {which}"
+            f"- (c) GGPO declines least: **{directional(family, sign=-1)}** [{len(family)}] — GGPO's {which}"
             f" decline − each other method's: {listing}."
         )
 
@@ -181,8 +191,9 @@ class Claims:
             return
         middle = min(self.counts.updates("validation"), key=lambda u: (abs(2 * u - self.last), u))
         at = At("validation", self.val, middle)
-        interval = self._interval("d", ((1, "grpo-tis", at), (-1, "grpo", at)), "grpo-tis", "grpo", at)
+        (judged,) = self._family("d", [(((1, "grpo-tis", at), (-1, "grpo", at)), "grpo-tis", "grpo", at)])
         self.lines.append(
             f"- (d) GRPO+TIS ≥ GRPO at mid-training (paper: 57.93 vs 38.36 at update 160 of 400): at"
-            f" validation update {middle}, GRPO+TIS − GRPO {interval.text()}, **{directional([interval])}**."
+            f" validation update {middle}, GRPO+TIS − GRPO {judged.interval.text()},"
+            f" **{directional([judged])}**."
         )

@@ -61,3 +61,11 @@ class TuneConfig:
         help="Comma-separated compare report folders of one seed, each learner at one learning rate."
     )
     out: Path = setting(Path("reports/tuning"), "Report folder.")
+
+
+@dataclass(frozen=True)
+class RefreshConfig:
+    """What ``ggpo report`` recomputes."""
+
+    folder: Path = setting(help="Report folder written by ggpo compare, arc-report or tune-report.")
+    ceilings: Path | None = setting(None, CEILINGS_HELP + " Needed when the folder has a ceilings.md.")

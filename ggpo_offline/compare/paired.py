@@ -47,12 +47,13 @@ Term = tuple[int, str, At]
 
 
 class Scores:
-    """The comparison's scores and paired intervals; an interval, once computed, is kept (the report asks for
-    the same ones in several tables)."""
+    """The comparison's scores and paired intervals; an interval or a family, once computed, is kept (the
+    report asks for the same ones in several tables)."""
 
     def __init__(self, counts: Counts):
         self.counts = counts
         self._intervals: dict[tuple, stats.Interval] = {}
+        self._families: dict[tuple, dict[tuple[str, str], stats.Judged]] = {}
 
     def points(self, method: str, at: At, metric: str = MEAN) -> np.ndarray:
         """Per-problem score in points, ``[seeds, problems]``: mean@n is 100·c/n, pass@k its unbiased
@@ -70,18 +71,38 @@ class Scores:
         return Cell(tuple(math.fsum(row) / len(row) for row in self.points(method, at, metric).tolist()))
 
     def contrast(self, terms: tuple[Term, ...], metric: str = MEAN) -> stats.Interval:
-        """The paired interval of Σ sign · score, problem by problem within each seed (points)."""
+        """The paired interval of Σ sign · score, problem by problem within each seed (points); for mean@n
+        with the binomial part of its variance (each term's samples are its own)."""
         key = (terms, metric)
         if key not in self._intervals:
             total = sum(sign * self.points(method, at, metric) for sign, method, at in terms)
-            self._intervals[key] = stats.paired_interval(total)
+            sampling = None
+            if metric == MEAN:
+                cells = dict.fromkeys((method, at) for _, method, at in terms)  # ordered: sums repeat exactly
+                sampling = sum(self._sampling(method, at) for method, at in cells)
+            self._intervals[key] = stats.paired_interval(total, sampling)
         return self._intervals[key]
+
+    def _sampling(self, method: str, at: At) -> np.ndarray:
+        correct = self.counts.matrix(method, at.split, at.scope, at.checkpoint)
+        return stats.sampling_variance(correct, self.counts.n[at.split])
 
     def difference(
         self, a: str, b: str, at: At, at_b: At | None = None, metric: str = MEAN
     ) -> stats.Interval:
         """``a`` at ``at`` minus ``b`` at ``at_b`` (default: the same place), paired by seed and problem."""
         return self.contrast(((1, a, at), (-1, b, at_b or at)), metric)
+
+    def pairs(self, methods: list[str], at: At, metric: str = MEAN) -> dict[tuple[str, str], stats.Judged]:
+        """Every pair (A listed before B) at one place and metric, A − B judged as one Holm family: the
+        pairwise table's and the best-of-row marks' family (the marks compare with the data-selected best,
+        so only a family of every pair bounds their false verdicts)."""
+        key = (tuple(methods), at, metric)
+        if key not in self._families:
+            pairs = [(a, b) for i, a in enumerate(methods) for b in methods[i + 1 :]]
+            judged = stats.judge([self.difference(a, b, at, metric=metric) for a, b in pairs])
+            self._families[key] = dict(zip(pairs, judged, strict=True))
+        return self._families[key]
 
     def improvement(self, a: str, b: str, at: At, metric: str = MEAN) -> float:
         """The probability that ``a`` beats ``b`` (stats.probability_of_improvement)."""

@@ -2,7 +2,7 @@
 
 from ggpo_offline.compare.counts import SELECTED
 from ggpo_offline.compare.paired import At, Scores
-from ggpo_offline.compare.tables import csv_row, display, verdict
+from ggpo_offline.compare.tables import csv_row, display
 
 
 def headline(scores: Scores, split: str) -> str:
@@ -26,35 +26,41 @@ def end_places(scores: Scores) -> list[tuple[At, str]]:
 
 def pairwise_section(scores: Scores, methods: list[str]) -> tuple[list[str], list[dict]]:
     """A − B for every pair (A listed first) at each end place: mean difference, 95 % paired interval,
-    probability of improvement and verdict. Empty with one method."""
+    Holm-adjusted p over the place's pairs, probability of improvement, verdict and, for a pair not
+    resolved, what it would take. Empty with one method."""
     if len(methods) < 2:
         return [], []
     counts = scores.counts
+    size = len(methods) * (len(methods) - 1) // 2
     lines = [
         "### Pairwise differences in mean@n (points), paired by seed and problem",
         "",
-        "| at | A − B | difference [95 % CI] | P(A > B) | verdict |",
-        "|---|---|---:|---:|---|",
+        "| at | A − B | difference [95 % CI] | p (Holm) | P(A > B) | verdict | what it would take |",
+        "|---|---|---:|---:|---:|---|---|",
     ]
     rows = []
     for at, label in end_places(scores):
         metric = f"mean@{counts.n[at.split]}"
         updates = {m: counts.checkpoints(m, at.checkpoint) for m in methods}
-        for i, a in enumerate(methods):
-            for b in methods[i + 1 :]:
-                interval, chance = scores.difference(a, b, at), scores.improvement(a, b, at)
-                lines.append(
-                    f"| {label} | {display(a)} − {display(b)} | {interval.text()} | {chance:.2f} |"
-                    f" {verdict(interval)} |"
-                )
-                update = " ".join(map(str, updates[a])) + " − " + " ".join(map(str, updates[b]))
-                row = csv_row("pairwise", at, a, metric, versus=b, interval=interval, update=update)
-                rows.append(row | {"p_improvement": round(chance, 6)})
+        for (a, b), judged in scores.pairs(methods, at).items():
+            interval, chance = judged.interval, scores.improvement(a, b, at)
+            needs = "" if judged.resolved else interval.needs()
+            lines.append(
+                f"| {label} | {display(a)} − {display(b)} | {interval.text()} | {judged.p_holm:.3f} |"
+                f" {chance:.2f} | {judged.verdict} | {needs} |"
+            )
+            update = " ".join(map(str, updates[a])) + " − " + " ".join(map(str, updates[b]))
+            row = csv_row("pairwise", at, a, metric, versus=b, judged=judged, update=update)
+            rows.append(row | {"p_improvement": round(chance, 6)})
     lines += [
         "",
-        "Difference: the mean of A − B over seeds and problems; 95 % CI: crossed bootstrap over seeds and"
-        " problems; P(A > B): the probability that A scores higher than B on a random problem for a random"
-        " pair of seeds, ties counted half; resolved: the interval excludes 0.",
+        f"Difference: the mean of A − B over seeds and problems; 95 % CI: t on seeds − 1 degrees of freedom"
+        f" (`compare/stats.py`); p (Holm): the two-sided p-value adjusted within the family of the {size}"
+        " pairs at the same place; resolved: that p is below 0.05; P(A > B): the probability that A scores"
+        " higher than B on a random problem for a random pair of seeds, ties counted half. What it would"
+        " take: the minimum detectable difference (MDE, 80 % power, two-sided 5 %, one comparison) at these"
+        " seeds, and the seeds that would resolve the observed difference with 80 % power at the same"
+        " problems and samples, projected from the estimated variance components.",
         "",
     ]
     return lines, rows

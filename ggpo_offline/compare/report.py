@@ -11,19 +11,25 @@ from ggpo_offline.compare.paired import Scores
 from ggpo_offline.compare.pairwise import headline, pairwise_section
 from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run
 from ggpo_offline.compare.tables import CSV_FIELDS, accuracy_section, end_section, ends, table5_section
+from ggpo_offline.compare.variance import variance_section
 
 STATISTICS = (
     "Every difference between two methods is paired: all methods are evaluated on the same problems with the"
-    " same seeds, so A − B is taken problem by problem within each seed. Its 95 % interval is a crossed"
-    " bootstrap over seeds and problems (4,999 resamples, percentile; `ggpo_offline/compare/stats.py` says"
-    " why it is built on scipy.stats.bootstrap and how it counts the seed × problem interaction once). A"
-    " difference is **resolved** when its interval excludes 0 and **not resolved** otherwise: the data"
-    " cannot tell, which is no evidence of equality. P(A > B) is the probability of improvement (Agarwal"
-    " et al. 2021): the chance that A scores higher than B on a random problem for a random pair of seeds,"
-    " ties counted half. The minimum detectable difference is the difference a paired comparison of this"
-    " evaluation size (problems × samples × seeds) detects with 80 % power at two-sided 5 %. With 2–3 seeds"
-    " the seed part of an interval rests on 1–2 degrees of freedom: when seeds differ systematically the"
-    " intervals are too narrow. Training evaluates on the validation split only, and each run's checkpoint"
+    " same seeds, so A − B is taken problem by problem within each seed. A training run (seed) is the unit"
+    " that varies between runs of a learner, and problems are the second sampled unit: the 95 % interval is"
+    " Student's t on seeds − 1 degrees of freedom around the two-way ANOVA standard error (runs, problems,"
+    " their interaction and sampling), which simulations with runs that differ show calibrated for 2 to 10"
+    " seeds (`ggpo_offline/compare/stats.py` says why, and what was rejected; `tests/test_stats.py` is the"
+    " test). Comparisons made together form a **family** (the pairs at one place, the marks of a row or"
+    " column, each claim's intervals, the methods against a ceiling), and each family's p-values are"
+    " adjusted by Holm's step-down. A difference is **resolved** when its Holm-adjusted p is below 0.05,"
+    " **not resolved** otherwise (the data cannot tell, which is no evidence of equality), and **too few"
+    " seeds** with one seed (its interval, over problems only, describes those two runs, not the learners)."
+    " For a pair not resolved, the report gives the minimum detectable difference at the seeds used and the"
+    " seeds that would resolve the observed difference with 80 % power; the variance table shows which of"
+    " seeds, problems or samples would narrow the intervals most. P(A > B) is the probability of improvement"
+    " (Agarwal et al. 2021): the chance that A scores higher than B on a random problem for a random pair of"
+    " seeds, ties counted half. Training evaluates on the validation split only, and each run's checkpoint"
     " is selected there (best validation mean@n, the earliest among equals); the test split is evaluated"
     " once per run, at the end, on the selected and on the final checkpoint."
 )
@@ -84,6 +90,7 @@ def write_tables(counts: Counts, out: Path) -> str:
         ]
     sections += [
         pairwise_section(scores, methods),
+        variance_section(scores, methods),
         table5_section(scores, methods, headline(scores, "validation")),
         Claims(scores, methods).section(),
     ]

@@ -23,6 +23,14 @@ class RunRecord:
     """Test evaluation report per update: the selected and the final checkpoint ({} when not tested)."""
 
 
+def validation_counts(record: RunRecord) -> dict[int, dict[str, int]]:
+    """A run's validation evaluations as update -> prompt id -> correct samples, every benchmark merged."""
+    return {
+        update: {p: c for scores in report["benchmarks"].values() for p, c in scores["counts"].items()}
+        for update, report in sorted(record.evals.items())
+    }
+
+
 def load_run(run_dir: Path, method: str, seed: int) -> RunRecord:
     """Read a finished run folder written by ``ggpo train`` (config.json, result.json, eval/, metrics)."""
     folder = RunFolder(run_dir)

@@ -1,6 +1,7 @@
 """The report's score tables: validation accuracy per update, end-of-run scores, and the paper's Table 5."""
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.counts import BASE, SELECTED, SUITE
@@ -9,15 +10,18 @@ from ggpo_offline.train.learners import learner
 
 MARK = "†"
 MARK_NOTE = (
-    f"**Bold**: the highest mean in the {{where}}; {MARK}: not resolved below it (the 95 % paired interval of"
-    " this method − the best includes 0); unmarked: resolved below the best."
+    f"**Bold**: the highest mean in the {{where}}; {MARK}: not resolved below it (this method − the best,"
+    " judged in the family of every pair of methods here, Holm); unmarked: resolved below the best."
 )
 CSV_FIELDS = (
     "table", "split", "benchmark", "checkpoint", "update", "method", "metric", "mean", "std", "seeds",
-    "values", "versus", "difference", "low", "high", "p_improvement", "verdict",
+    "values", "versus", "difference", "low", "high", "p_value", "p_holm", "family", "mde", "seeds_needed",
+    "p_improvement", "verdict",
 )  # fmt: skip
 """table.csv's columns. A score row fills mean to values; a difference row (method − versus) fills versus to
-verdict; a score row of a ranked table fills both, versus being the best method of its row or column."""
+verdict (p_holm: adjusted within a family of ``family`` comparisons; mde and seeds_needed: what it would
+take, stats.Interval); a score row of a ranked table fills both, versus being the best of its row or
+column."""
 
 
 def display(method: str) -> str:
@@ -30,21 +34,18 @@ def rate_text(lr: float) -> str:
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
-def verdict(interval: stats.Interval) -> str:
-    return "resolved" if interval.resolved else "not resolved"
-
-
 def interval_verdict(interval: stats.Interval) -> str:
-    """E.g. "+4.10 [+1.02, +7.31] resolved"."""
-    return f"{interval.text()} {verdict(interval)}"
+    """E.g. "+4.10 [+1.02, +7.31] resolved": a comparison that is a family of its own."""
+    return f"{interval.text()} {interval.verdict}"
 
 
 @dataclass(frozen=True)
 class Ranked:
-    """The best method at one place and every other method's paired difference from it (other − best)."""
+    """The best method at one place and every other method's paired difference from it (other − best),
+    judged in the family of every pair there."""
 
     best: str
-    below: dict[str, stats.Interval]
+    below: dict[str, stats.Judged]
 
     def mark(self, method: str, text: str) -> str:
         if method == self.best:
@@ -53,15 +54,21 @@ class Ranked:
 
 
 def rank(scores: Scores, methods: list[str], at: At, metric: str = MEAN) -> Ranked:
-    """The highest seed mean (the first listed among equals) and the intervals of the others below it."""
+    """The highest seed mean (the first listed among equals) and the others' intervals below it."""
     means = {method: scores.cell(method, at, metric).mean for method in methods}
     best = max(methods, key=lambda method: means[method])
-    return Ranked(best, {m: scores.difference(m, best, at, metric=metric) for m in methods if m != best})
+    family = scores.pairs(methods, at, metric)
+    below = {}
+    for method in methods:
+        if method != best:
+            judged = family.get((method, best)) or family[(best, method)]  # p-values are symmetric
+            below[method] = replace(judged, interval=scores.difference(method, best, at, metric=metric))
+    return Ranked(best, below)
 
 
 def csv_row(table: str, at: At, method: str, metric: str, **fields) -> dict:
-    """One table.csv row: ``cell`` (a Cell), ``versus`` with ``interval`` and ``p_improvement`` optional."""
-    cell, interval = fields.pop("cell", None), fields.pop("interval", None)
+    """One table.csv row: ``cell`` (a Cell), ``versus`` with ``judged`` (a stats.Judged) optional."""
+    cell, judged = fields.pop("cell", None), fields.pop("judged", None)
     row = dict.fromkeys(CSV_FIELDS, "")
     row |= {"table": table, "split": at.split, "benchmark": at.scope, "method": method, "metric": metric}
     row["checkpoint"] = at.checkpoint if isinstance(at.checkpoint, str) else "update"
@@ -69,30 +76,36 @@ def csv_row(table: str, at: At, method: str, metric: str, **fields) -> dict:
         std = "" if cell.std != cell.std else round(cell.std, 6)  # NaN with one seed
         row |= {"mean": round(cell.mean, 6), "std": std, "seeds": len(cell.values)}
         row["values"] = " ".join(f"{v:.6g}" for v in cell.values)
-    if interval is not None:
+    if judged is not None:
+        interval = judged.interval
+        needed = interval.seeds_needed()
         row |= {"difference": round(interval.mean, 6), "low": round(interval.low, 6)}
-        row |= {"high": round(interval.high, 6), "verdict": verdict(interval)}
+        row |= {"high": round(interval.high, 6), "p_value": f"{interval.p_value:.4g}"}
+        row |= {"p_holm": f"{judged.p_holm:.4g}", "family": judged.family, "mde": round(interval.mde, 6)}
+        row |= {"seeds_needed": "" if needed is None else needed if math.isinf(needed) else int(needed)}
+        row["verdict"] = judged.verdict
     return row | {key: value for key, value in fields.items() if value is not None}
 
 
 def mde_line(scores: Scores, methods: list[str], at: At) -> str:
-    """The minimum detectable difference at this evaluation size, over the methods' counts at ``at``."""
+    """The range of the pairs' minimum detectable differences at ``at`` (their calibrated errors)."""
     counts = scores.counts
     n, seeds = counts.n[at.split], len(counts.seeds)
     problems = counts.matrix(methods[0], at.split, at.scope, at.checkpoint).shape[1]
-    try:
-        found = [
-            stats.minimum_detectable_difference(counts.matrix(m, at.split, at.scope, at.checkpoint), n)
-            for m in methods
-        ]
-    except ValueError as error:  # one seed of one sample: no noise estimate
-        return f"Minimum detectable difference: not estimable ({error})."
-    low, high = min(found), max(found)
     size = f"{problems} problems × {n} samples × {seeds} seed{'s' if seeds > 1 else ''}"
+    if seeds < stats.MIN_SEEDS:
+        return (
+            f"Minimum detectable difference at this size ({size}): not estimable, one seed shows no run"
+            " spread."
+        )
+    found = [judged.interval.mde for judged in scores.pairs(methods, at).values()]
+    if not found:
+        return ""
+    low, high = min(found), max(found)
     span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
     return (
-        f"Minimum detectable difference at this size ({size}; 80 % power, two-sided 5 %): {span} points,"
-        f" from the spread of each method's counts at {place(at)}."
+        f"Minimum detectable difference of a pair at this size ({size}; t on {seeds - 1} df, 80 % power,"
+        f" two-sided 5 % for one comparison): {span} points at {place(at)}."
     )
 
 
@@ -130,7 +143,7 @@ def accuracy_section(scores: Scores, methods: list[str], scope: str) -> tuple[li
 
 
 def _ranked_row(table: str, at: At, method: str, metric: str, cell: Cell, ranked: Ranked, update) -> dict:
-    other = {} if method == ranked.best else {"versus": ranked.best, "interval": ranked.below[method]}
+    other = {} if method == ranked.best else {"versus": ranked.best, "judged": ranked.below[method]}
     return csv_row(table, at, method, metric, cell=cell, update=update, **other)
 
 
@@ -195,6 +208,19 @@ def end_section(scores: Scores, methods: list[str], end: At, title: str) -> tupl
     return lines, rows
 
 
+def validation_declines(
+    scores: Scores, methods: list[str], scope: str
+) -> tuple[dict[str, int], list[stats.Judged]]:
+    """Each method's validation peak (update) and its decline peak − final, judged as one family."""
+    final = scores.counts.final("validation")
+    peaks = {method: scores.peak(method, "validation", scope) for method in methods}
+    declines = [
+        scores.difference(m, m, At("validation", scope, peaks[m]), At("validation", scope, final))
+        for m in methods
+    ]
+    return peaks, stats.judge(declines)
+
+
 def table5_section(scores: Scores, methods: list[str], scope: str) -> tuple[list[str], list[dict]]:
     """The paper's offline table: per method, validation mean@n at each evaluated update, then the peak,
     its update, the final value and the decline (peak − final) with its paired interval."""
@@ -206,29 +232,25 @@ def table5_section(scores: Scores, methods: list[str], scope: str) -> tuple[list
         "| method | " + " | ".join(map(str, updates)) + " | peak | at update | final | decline [95 % CI] |",
         "|---|" + "---:|" * (len(updates) + 4),
     ]
+    peaks, declines = validation_declines(scores, methods, scope)
     rows = []
-    for method in methods:
-        peak = scores.peak(method, "validation", scope)
-        decline = scores.difference(
-            method, method, At("validation", scope, peak), At("validation", scope, final)
-        )
+    for method, decline in zip(methods, declines, strict=True):
+        peak = peaks[method]
         cells = [scores.cell(method, At("validation", scope, u)).text() for u in updates]
         peak_cell = scores.cell(method, At("validation", scope, peak)).text()
         final_cell = scores.cell(method, At("validation", scope, final)).text()
         lines.append(
             f"| {display(method)} | " + " | ".join(cells) + f" | {peak_cell} | {peak} | {final_cell} |"
-            f" {decline.text()} |"
+            f" {decline.interval.text()} |"
         )
-        row = csv_row(
-            "decline", At("validation", scope, "peak − final"), method, f"mean@{n}", interval=decline
-        )
+        row = csv_row("decline", At("validation", scope, "peak − final"), method, f"mean@{n}", judged=decline)
         rows.append(row | {"update": f"{peak} − {final}", "versus": method})
     lines += [
         "",
         f"Peak: the highest seed-mean over the {len(updates)} evaluations (the earliest among equals);"
         " decline: peak − final, paired by seed and problem. A maximum over evaluations is biased upward,"
         " and so is this decline; the test decline in the claims below (selected − final checkpoint, the"
-        " selection made on validation) is not.",
+        " selection made on validation) is not. table.csv judges the declines as one family (Holm).",
         "",
     ]
     return lines, rows

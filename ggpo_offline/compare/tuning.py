@@ -11,6 +11,7 @@ from ggpo_offline.compare import stats
 from ggpo_offline.compare.arc import part_records
 from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
+from ggpo_offline.compare.runs import validation_counts
 from ggpo_offline.compare.tables import display, interval_verdict, rate_text
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.learners import METHODS
@@ -77,12 +78,7 @@ def sweep_counts(records: list[RunRecord], parts: tuple[str, ...]) -> dict:
         shared = settings
         n = record.evals[0]["n"]
         runs.setdefault(record.method, {})[lr] = {
-            str(update): {
-                prompt: count
-                for scores in report["benchmarks"].values()
-                for prompt, count in scores["counts"].items()
-            }
-            for update, report in sorted(record.evals.items())
+            str(update): merged for update, merged in validation_counts(record).items()
         }
     if not runs:
         raise UserError(f"no finished run in {', '.join(parts)}")
@@ -145,10 +141,11 @@ def tuning_tables(sweep: dict) -> str:
     lines += [
         "",
         "The chosen rate is the one whose run reaches the highest validation mean@n at its selected"
-        " checkpoint (the smaller rate among equals). The difference to the runner-up is paired by problem"
-        " at both runs' selected checkpoints (one seed: problems resampled, `compare/stats.py`); **not"
-        " resolved** means the rule picked among rates this evaluation cannot tell apart. (grid edge): the"
-        " best rate is the grid's largest or smallest.",
+        " checkpoint (the smaller rate among equals): the higher validation mean, not a resolved difference."
+        " The difference to the runner-up is paired by problem at both runs' selected checkpoints; with one"
+        " seed its interval is over problems only and describes those two runs, so its verdict is **too few"
+        " seeds** (`compare/stats.py`): a rate is a choice made on validation, not a finding. (grid edge):"
+        " the best rate is the grid's largest or smallest.",
         "",
         f"### Every validation evaluation: mean@{n} (%) by update",
         "",
