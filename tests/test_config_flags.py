@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from ggpo_offline.compare.config import ArcConfig, CompareConfig, TuneConfig
+from ggpo_offline.compare.config import ArcConfig, CompareConfig, RefreshConfig, TuneConfig
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import (
     choices,
@@ -44,6 +44,7 @@ COMMANDS = {
     "compare": [(CompareConfig, ("settings",)), (TrainConfig, PER_RUN)],
     "arc-report": [(ArcConfig, ())],
     "tune-report": [(TuneConfig, ())],
+    "report": [(RefreshConfig, ())],
     "build-tiny-model": [(TinyModelConfig, ())],
     "build-rehearsal-model": [(RehearsalModelConfig, ())],
     "measure-styles": [(StylesConfig, ())],

@@ -12,6 +12,7 @@ import pytest
 
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, FIGURES, RunRecord, write_report, write_tables
+from ggpo_offline.compare.stats import holm
 from ggpo_offline.core.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,6 +144,7 @@ def test_the_best_is_bold_and_the_methods_not_resolved_below_it_are_marked(tmp_p
     assert "| 8 | 25.00 ± 0.00 | 74.69 ± 0.44 † | **75.00 ± 0.00** |" in markdown
     assert "| 0 | **25.00 ± 0.00** | 25.00 ± 0.00 † | 25.00 ± 0.00 † |" in markdown
     assert "**Bold**: the highest mean in the row; †: not resolved below it" in markdown
+    assert "judged in the family of the 3 pairs of methods here, Holm" in markdown
     with (tmp_path / "table.csv").open() as handle:
         rows = {(r["table"], r["update"], r["method"]): r for r in csv.DictReader(handle)}
     assert rows["accuracy", "8", "grpo"]["verdict"] == "resolved"
@@ -472,3 +474,31 @@ def test_ggpo_report_recomputes_a_committed_report_from_its_counts(tmp_path):
         ggpo("report", "--folder", str(folder), "--ceilings", str(CEILINGS)),
         "README.md no longer holds table.md as written",
     )
+
+
+def test_each_family_of_the_committed_arc_report_is_holm_adjusted_as_one():
+    # A complete family: the pairwise table at one place, the Table 5 declines, each claim's set. Holm over
+    # each gives the p_holm column and its verdicts; a ranked row or column shows only the comparisons with
+    # its best, judged in the family of every pair (15 for six methods). In this report the families turn
+    # some comparisons whose own p is below 0.05 into "not resolved".
+    with (REPO / "docs" / "arc" / "table.csv").open() as handle:
+        rows = [r for r in csv.DictReader(handle) if r["p_value"]]
+    families: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if row["table"] in ("accuracy", "end"):
+            assert row["family"] == "15"
+        elif row["table"] == "pairwise":
+            families.setdefault((row["table"], row["split"], row["checkpoint"]), []).append(row)
+        else:  # decline, claim a-d: a claim's rows of one size are one family (claim b: moved [1], below)
+            families.setdefault((row["table"], row["family"]), []).append(row)
+    assert len(families) == 3 + 1 + 6  # places; declines; a, b (2), c (2), d
+    turned = 0
+    for key, family in families.items():
+        adjusted = holm([float(r["p_value"]) for r in family])
+        for row, p_holm in zip(family, adjusted, strict=True):
+            assert float(row["p_holm"]) == pytest.approx(p_holm, rel=1e-3, abs=1e-4), key
+            assert int(row["family"]) == len(family), key
+            turned += float(row["p_value"]) < 0.05 <= float(row["p_holm"])
+    for row in rows:
+        assert row["verdict"] == ("resolved" if float(row["p_holm"]) < 0.05 else "not resolved")
+    assert turned > 0

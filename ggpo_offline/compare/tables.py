@@ -11,7 +11,7 @@ from ggpo_offline.train.learners import learner
 MARK = "†"
 MARK_NOTE = (
     f"**Bold**: the highest mean in the {{where}}; {MARK}: not resolved below it (this method − the best,"
-    " judged in the family of every pair of methods here, Holm); unmarked: resolved below the best."
+    " judged in the family of the {pairs} pairs of methods here, Holm); unmarked: resolved below the best."
 )
 CSV_FIELDS = (
     "table", "split", "benchmark", "checkpoint", "update", "method", "metric", "mean", "std", "seeds",
@@ -116,6 +116,10 @@ def place(at: At, updates: tuple[int, ...] = ()) -> str:
     return f"update {at.checkpoint}"
 
 
+def _pairs(methods: list[str]) -> int:
+    return len(methods) * (len(methods) - 1) // 2
+
+
 def _what(scope: str, split: str) -> str:
     return f"the problem-weighted {split} suite" if scope == SUITE else scope
 
@@ -138,7 +142,8 @@ def accuracy_section(scores: Scores, methods: list[str], scope: str) -> tuple[li
         lines.append(f"| {update} | " + " | ".join(ranked.mark(m, cells[m].text()) for m in methods) + " |")
         rows += [_ranked_row("accuracy", at, m, f"mean@{n}", cells[m], ranked, update) for m in methods]
     final = At("validation", scope, counts.final("validation"))
-    lines += ["", MARK_NOTE.format(where="row"), "", mde_line(scores, methods, final), ""]
+    note = MARK_NOTE.format(where="row", pairs=_pairs(methods))
+    lines += ["", note, "", mde_line(scores, methods, final), ""]
     return lines, rows
 
 
@@ -200,7 +205,9 @@ def end_section(scores: Scores, methods: list[str], end: At, title: str) -> tupl
         lines += ["", f"The base model was not evaluated on {end.split}, so no gain over it is shown."]
     lines += [
         "",
-        MARK_NOTE.format(where="column" + (" (the gain ranks as mean@n does)" if base else "")),
+        MARK_NOTE.format(
+            where="column" + (" (the gain ranks as mean@n does)" if base else ""), pairs=_pairs(methods)
+        ),
         "",
         mde_line(scores, methods, end),
         "",
@@ -250,7 +257,8 @@ def table5_section(scores: Scores, methods: list[str], scope: str) -> tuple[list
         f"Peak: the highest seed-mean over the {len(updates)} evaluations (the earliest among equals);"
         " decline: peak − final, paired by seed and problem. A maximum over evaluations is biased upward,"
         " and so is this decline; the test decline in the claims below (selected − final checkpoint, the"
-        " selection made on validation) is not. table.csv judges the declines as one family (Holm).",
+        f" selection made on validation) is not. table.csv judges the {len(methods)} declines as one family"
+        " (Holm).",
         "",
     ]
     return lines, rows
