@@ -114,7 +114,7 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vl
     readme = (report / "README.md").read_text()
     assert all(fingerprint in readme for fingerprint in result.data_plans.values())
     assert "ggpo compare --pool" in readme and "--eval-k 1,2,4" in readme
-    assert "## Statistics" in readme and "crossed bootstrap over seeds and problems" in readme
+    assert "## Statistics" in readme and "Student's t on seeds − 1 degrees of freedom" in readme
     # GRPO keeps π0 as its reference while GGPO refreshes it: that setting is listed per run, not as shared.
     shared = readme.split("## Settings shared by every run")[1].split("## Settings that differ by run")[0]
     differing = readme.split("## Settings that differ by run")[1].split("## Reproduce")[0]
