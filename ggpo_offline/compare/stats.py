@@ -77,14 +77,6 @@ class Components:
         return seed / seeds + self.problem / problems + residual / (seeds * problems)
 
 
-def components(diff: np.ndarray, sampling: np.ndarray | None = None) -> Components:
-    """The ANOVA estimates of ``diff`` [seeds, problems] (points), see the module docstring; ``sampling``
-    [seeds, problems] is each cell's estimated binomial variance (points²)."""
-    _, seed, problem, residual = (float(x) for x in variance_components(np.asarray(diff, dtype=np.float64)))
-    part = None if sampling is None else min(float(np.mean(sampling)), residual)
-    return Components(seed, problem, residual, part)
-
-
 def variance_components(diff: np.ndarray, floor: bool = True) -> tuple[np.ndarray, ...]:
     """Grand mean and the ANOVA estimates σ²_seed, σ²_problem, σ²_residual of ``diff`` [..., seeds, problems].
     With one seed σ²_seed is NaN and the problems' sample variance is the residual (nothing to split).
@@ -112,12 +104,16 @@ def standard_errors(diff: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     thousands of simulated reports). The squared error is the unbiased (MS_seed + MS_problem − MS_resid) /
     (S·P), at least MS_resid / (S·P); the components shown in reports are floored at 0 one by one, which
     would overstate it by up to 1.4 times where runs do not differ (2 seeds)."""
-    seeds, problems = diff.shape[-2:]
     mean, seed, problem, residual = variance_components(diff, floor=False)
+    return (mean, *_error(seed, problem, residual, *diff.shape[-2:]))
+
+
+def _error(seed, problem, residual, seeds: int, problems: int):
+    """Standard error and degrees of freedom from the unfloored components (see standard_errors)."""
     if seeds == 1:
-        return mean, np.sqrt(residual / problems), problems - 1
+        return np.sqrt(residual / problems), problems - 1
     variance = seed / seeds + problem / problems + residual / (seeds * problems)
-    return mean, np.sqrt(np.maximum(variance, residual / (seeds * problems))), seeds - 1
+    return np.sqrt(np.maximum(variance, residual / (seeds * problems))), seeds - 1
 
 
 @dataclass(frozen=True)
@@ -210,9 +206,11 @@ def paired_interval(diff: np.ndarray, sampling: np.ndarray | None = None) -> Int
     if not np.all(np.isfinite(diff)):
         raise ValueError("diff holds NaN or infinite values")
     seeds, problems = diff.shape
-    mean, standard_error, df = standard_errors(diff)
+    mean, seed, problem, residual = (float(x) for x in variance_components(diff, floor=False))
+    standard_error, df = _error(seed, problem, residual, seeds, problems)
     mean, standard_error = float(mean), float(standard_error)
-    parts = components(diff, sampling)
+    part = None if sampling is None else min(float(np.mean(sampling)), residual)
+    parts = Components(max(seed, 0.0) if seeds > 1 else seed, max(problem, 0.0), residual, part)
     if standard_error == 0:  # a constant difference: no noise seen, so no width
         p_value = 1.0 if mean == 0 else 0.0
         return Interval(mean, mean, mean, 0.0, df, seeds, problems, p_value, parts)

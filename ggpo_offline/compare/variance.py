@@ -9,7 +9,7 @@ from ggpo_offline.compare.pairwise import end_places
 
 def variance_section(scores: Scores, methods: list[str]) -> tuple[list[str], list[dict]]:
     """Per end place, over every pair of methods: each variance component's mean share of var(A − B) —
-    training runs (seeds), problems, run × problem interaction, sampling — then the median standard error
+    training runs (seeds), problems, run × problem interaction, sampling — then the median 95 % half-width
     now and with twice the seeds, problems or samples. Empty with one method."""
     if len(methods) < 2:
         return [], []
