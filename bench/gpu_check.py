@@ -10,7 +10,7 @@ does, so the script cannot rot where no GPU is lent.
 import argparse
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -251,7 +251,7 @@ def main() -> None:
         ("3. Learner step at the paper's geometry", learner_step(device, args.cpu)),
         ("4. A short `ggpo train`", short_train(args.tmp)),
     ]
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"# GPU check\n\n`make gpu-check` on {where}, torch {torch.__version__}, {stamp}.\n"]
     for title, rows in sections:
         lines += [f"## {title}", "", *rows, ""]

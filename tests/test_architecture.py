@@ -2,6 +2,9 @@
 circle, no function over 60 lines and no file over 400 lines without a stated reason."""
 
 import ast
+import subprocess
+import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,10 +203,71 @@ def test_no_long_file_without_a_reason():
 
 def test_every_package_is_installed():
     """pyproject.toml lists packages explicitly; one left out is missing from a non-editable install."""
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {module_name(path, REPO) for path in (REPO / PACKAGE).rglob("__init__.py")}
     assert found - listed == set()
+
+
+STDLIB_SINCE = {"tomllib": (3, 11), "annotationlib": (3, 14), "compression": (3, 14)}
+"""Standard-library modules newer than the oldest Python a project of this age might claim."""
+
+
+def test_the_oldest_python_claimed_runs_the_code(tmp_path):
+    """requires-python is what ruff checks the syntax against (no target-version of its own), and no module
+    imports a standard-library module that Python lacks."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "target-version" not in project["tool"]["ruff"]  # ruff reads requires-python instead
+    oldest = tuple(int(part) for part in project["project"]["requires-python"].removeprefix(">=").split("."))
+    sources = [*(REPO / PACKAGE).rglob("*.py"), *(REPO / "cli").rglob("*.py")]
+    version = f"py{oldest[0]}{oldest[1]}"
+    lint = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ruff"),
+            "check",
+            "--isolated",
+            "--target-version",
+            version,
+            "--select",
+            "UP036",
+            *map(str, sources),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert lint.returncode == 0, lint.stdout  # a syntax error under the oldest version fails here
+    too_new = {
+        (path.name, name)
+        for path in sources
+        for name in imported_modules(path)
+        if STDLIB_SINCE.get(name, (0,)) > oldest
+    }
+    assert too_new == set()
+    bad = tmp_path / "newer_syntax.py"
+    bad.write_text("type Score = float\n")  # PEP 695, Python 3.12: the check can fail
+    planted = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ruff"),
+            "check",
+            "--isolated",
+            "--target-version",
+            version,
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert planted.returncode != 0 and "3.12" in planted.stdout
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The top-level names of every module ``path`` imports."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
 
 
 # -- the checks themselves, on a planted tree -------------------------------------------------------------

@@ -267,3 +267,26 @@ def test_usage_errors_are_click_messages_without_a_traceback(args, expected, cap
         main(args)
     err = capsys.readouterr().err
     assert done.value.code == 2 and expected in err and "Traceback" not in err
+
+
+MALFORMED_CONFIGS = {
+    "bad.yaml": ("updates: [1, 2\nlr: 3\n", "expected ',' or ']', but got ':' at line 2, column 3"),
+    "bad.yml": ("a: b: c\n", "mapping values are not allowed here at line 1, column 5"),
+    "bad.toml": ("updates = \n", "Invalid value (at line 1, column 11)"),
+    "bad.json": ('{"updates": }', "Expecting value: line 1 column 13"),
+    "binary.yaml": (b"\xff\xfe\x00", "'utf-8' codec can't decode byte 0xff"),
+    "list.yaml": ("- 1\n", "expected a mapping of settings"),
+}
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+@pytest.mark.parametrize("name", sorted(MALFORMED_CONFIGS))
+def test_a_malformed_config_file_is_one_line_naming_it(tmp_path, command, name):
+    content, problem = MALFORMED_CONFIGS[name]
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    pool = write_synthetic_pool(tmp_path / "pool.parquet")
+    result = ggpo(command, "--config", str(path), "--pool", str(pool), "--out", str(tmp_path / "out"))
+    assert_one_error_line(result, f"--config {path}: ")
+    assert problem in result.stderr and result.stdout == ""
+    assert not (tmp_path / "out").exists()

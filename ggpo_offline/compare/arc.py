@@ -2,7 +2,7 @@
 comparison report, the ablations beside the default settings, and the style shares along the arc."""
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +64,7 @@ def write_readme(config: ArcConfig, records: list[RunRecord]) -> None:
     sections = [
         "# The offline arc on the embedded model (`make arc`)",
         "",
-        f"Written by ggpo-offline {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by"
+        f"Written by ggpo-offline {__version__} on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by"
         f" `ggpo arc-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}.",
         f"Methods: {', '.join(display(m) for m in config.methods)};"
         f" seeds {', '.join(map(str, config.seeds))};"

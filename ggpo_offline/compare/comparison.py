@@ -3,7 +3,7 @@
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ggpo_offline import __version__
@@ -244,7 +244,7 @@ def _write_marker(report_dir: Path, config: CompareConfig, planned, status: str,
     record = {
         "status": status,
         "tool_version": __version__,
-        "updated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "updated": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": reproduce_command(config),
         "pool": str(config.pool),
         "methods": list(config.methods),

@@ -3,7 +3,7 @@ them."""
 
 import json
 import shlex
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ggpo_offline import __version__
@@ -51,7 +51,7 @@ def write_readme(
     lines = [
         f"# Comparison on `{Path(config.pool).name}`",
         "",
-        f"Written by ggpo-offline {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
+        f"Written by ggpo-offline {__version__} on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.",
         f"Methods: {', '.join(config.methods)}; seeds: {', '.join(map(str, config.seeds))}.",
         "Within a seed every method replays the same minibatches in the same order (data-order fingerprints"
         " below); each minibatch is used once.",

@@ -1,7 +1,7 @@
 """`ggpo tune-report`: each learner's learning rate chosen on validation from a sweep of compare runs."""
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,7 @@ def tune_report(config: TuneConfig) -> Path:
     sections = [
         "# Each learner's learning rate, chosen on validation (`make tune-lr`)",
         "",
-        f"Written by ggpo-offline {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by"
+        f"Written by ggpo-offline {__version__} on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by"
         f" `ggpo tune-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}.",
         _settings_line(sweep["settings"]),
         "",

@@ -3,12 +3,11 @@
 import dataclasses
 import functools
 import json
+import tomllib
 import typing
 from dataclasses import MISSING, Field
 from pathlib import Path
 from typing import Literal
-
-import tomllib
 
 from ggpo_offline.core.errors import UserError
 
@@ -198,25 +197,31 @@ def _construct(cls: type, values: dict):
 
 def load_config_file(cls: type, path: Path) -> dict:
     """Settings of ``cls`` from a TOML, YAML or JSON file (keys as field or flag names), normalized."""
+    import yaml
+
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--config {path}: no such file")
+    parsers = {".toml": tomllib.loads, ".yaml": yaml.safe_load, ".yml": yaml.safe_load, ".json": json.loads}
+    if path.suffix not in parsers:
+        raise UserError(f"--config {path}: use a .toml, .yaml or .json file")
     try:
-        if path.suffix == ".toml":
-            values = tomllib.loads(path.read_text())
-        elif path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            values = yaml.safe_load(path.read_text()) or {}
-        elif path.suffix == ".json":
-            values = json.loads(path.read_text())
-        else:
-            raise UserError(f"--config {path}: use a .toml, .yaml or .json file")
-    except (tomllib.TOMLDecodeError, ValueError) as exc:
-        raise UserError(f"--config {path}: cannot parse ({str(exc).splitlines()[0]})") from None
+        values = parsers[path.suffix](path.read_text())
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise UserError(f"--config {path}: cannot parse ({_parse_problem(exc)})") from None
+    if values is None and path.suffix != ".json":
+        values = {}  # an empty TOML or YAML file gives no settings
     if not isinstance(values, dict):
         raise UserError(f"--config {path}: expected a mapping of settings")
     return normalize(cls, values, f"--config {path}")
+
+
+def _parse_problem(exc: Exception) -> str:
+    """What a parser found wrong, in one line (a YAML error's first line says only what it was parsing)."""
+    mark = getattr(exc, "problem_mark", None)
+    if getattr(exc, "problem", None) and mark is not None:
+        return f"{exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return str(exc).splitlines()[0]
 
 
 def leaf_values(config) -> dict:

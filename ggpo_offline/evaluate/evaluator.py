@@ -4,7 +4,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ggpo_offline import __version__
@@ -359,7 +359,7 @@ def _report(
             "tool_version": __version__,
         },
         "run": {
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "seconds": round(seconds, 2),
         },
     }

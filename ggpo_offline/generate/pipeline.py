@@ -4,7 +4,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -330,7 +330,7 @@ def _metadata(
     return {
         "schema_version": SCHEMA_VERSION,
         "tool_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "model": {
             "path": str(model_dir),
             "name": config.model or EMBEDDED_MODEL,

@@ -4,7 +4,7 @@ import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
@@ -234,7 +234,7 @@ def _metadata(config, model_dir, tokenizer, files, grouping, reward_source, coun
     return {
         "schema_version": SCHEMA_VERSION,
         "tool_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "source": "imported",
         "model": {"path": str(model_dir), "name": config.model, "weights_sha256": weights_sha256(model_dir)},
         "tokenizer": {"sha256": tokenizer_sha256(tokenizer), "class": type(tokenizer).__name__},
