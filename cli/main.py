@@ -119,6 +119,7 @@ def train(options: dict, settings: dict) -> None:
     Every training setting has a flag (below, after --overwrite); a --config file takes the same names."""
     from ggpo_offline.train.config import resolve_config
     from ggpo_offline.train.distributed import is_main_process
+    from ggpo_offline.train.inputs import read_inputs
     from ggpo_offline.train.options import check_options
     from ggpo_offline.train.trainer import train as run
 
@@ -128,6 +129,7 @@ def train(options: dict, settings: dict) -> None:
     if not is_main_process():  # a torchrun worker other than rank 0: rank 0 speaks for the job
         run(resolved, resume=how.resume, overwrite=how.overwrite, timeouts=how.timeouts)
         return
+    pool = read_inputs(resolved).pool  # bad input is refused before the table; the pool is read once
     render.print_config(resolved)
     if how.nproc is not None and how.nproc > 1:
         from ggpo_offline.train.launch import launch
@@ -142,6 +144,7 @@ def train(options: dict, settings: dict) -> None:
                 on_update=progress.update,
                 on_eval=progress.evaluated,
                 timeouts=how.timeouts,
+                pool=pool,
             )
     render.print_training_result(result)
 

@@ -112,9 +112,10 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
 
 
 def print_config(config) -> None:
-    """The resolved training configuration, printed at start."""
+    """The resolved training configuration, printed at start: the settings the chosen learner reads (the
+    registry's `Learner.keep_read`)."""
     table = Table(title="resolved config", show_header=False)
-    for key, value in config.to_dict().items():
+    for key, value in config.learner.keep_read(config.to_dict()).items():
         if key == "ref_refresh" and value is None:
             value = "never (the initial model stays the reference)"
         table.add_row(key, str(value))

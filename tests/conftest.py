@@ -163,3 +163,34 @@ def rehearsal_pool(tmp_path_factory, rehearsal_dir) -> Path:
         reward_workers=0,
     )
     return generate_pool(config)
+
+
+POOL_PASSES = (
+    ("ggpo_offline.pool.validate", "validate_pool"),
+    ("ggpo_offline.train.plan", "index_pool"),
+    ("ggpo_offline.train.plan", "pool_fingerprint"),
+    ("ggpo_offline.pool.inspect", "pool_summary"),
+)
+"""Functions that each read through a pool (or its footer): a command calls each at most once."""
+
+
+def count_pool_passes(monkeypatch) -> dict[str, int]:
+    """Count calls of each `POOL_PASSES` function from now on, wherever a module imported it by name."""
+    import importlib
+    import sys
+
+    calls = {name: 0 for _, name in POOL_PASSES}
+    for module_name, name in POOL_PASSES:
+        original = getattr(importlib.import_module(module_name), name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        for module in list(sys.modules.values()):
+            if (
+                getattr(module, "__name__", "").startswith("ggpo_offline")
+                and getattr(module, name, None) is original
+            ):
+                monkeypatch.setattr(module, name, counted)
+    return calls

@@ -169,6 +169,9 @@ def test_train_command_end_to_end_with_mlflow(vllm_pool, tmp_path):
     result = ggpo(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "resolved config" in result.stdout and "final model" in result.stdout
+    shown = {line.split("│")[1].strip() for line in result.stdout.splitlines() if line.count("│") == 3}
+    assert {"method", "lr", "ref_refresh", "run folder"} <= shown  # what GRPO reads, and where it goes
+    assert shown.isdisjoint({"beta", "clip", "horizon", "cost_bound", "cispo_low", "tis_block"}), shown
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     run_id = result.stdout.split("MLflow run: ")[1].split()[0]
     series = read_metric_series(uri, run_id)
@@ -267,6 +270,12 @@ def test_usage_errors_are_click_messages_without_a_traceback(args, expected, cap
         main(args)
     err = capsys.readouterr().err
     assert done.value.code == 2 and expected in err and "Traceback" not in err
+
+
+def test_train_refuses_a_missing_pool_before_showing_its_settings(tmp_path):
+    result = ggpo("train", "--pool", str(tmp_path / "absent.parquet"), "--method", "grpo")
+    assert_one_error_line(result, "absent.parquet: no such pool file or directory")
+    assert result.stdout == ""
 
 
 MALFORMED_CONFIGS = {

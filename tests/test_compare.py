@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import count_pool_passes
 
 from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
 from ggpo_offline.compare.report import FIGURES, Counts, RunRecord, check_data_plans, write_tables
@@ -73,7 +74,9 @@ def test_compare_settings_are_checked_before_any_work(vllm_pool, tmp_path):
 
 
 @pytest.mark.vllm
-def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vllm_engine, tmp_path):
+def test_compare_trains_every_run_reports_and_reuses_finished_runs(
+    vllm_pool, vllm_engine, tmp_path, monkeypatch
+):
     from mlflow.tracking import MlflowClient
 
     from ggpo_offline.core.tracking import read_metric_series
@@ -97,7 +100,10 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(vllm_pool, vl
         settings=settings,
         out=tmp_path / "r",
     )
+    passes = count_pool_passes(monkeypatch)
     result = compare(config, engine=vllm_engine)
+    # The pool is read once for the four runs, the π0 cache and the README.
+    assert passes == {"validate_pool": 1, "index_pool": 1, "pool_fingerprint": 1, "pool_summary": 1}
     report = tmp_path / "r"
     assert result.actions == {"grpo-s1": "train", "ggpo-s1": "train", "grpo-s2": "train", "ggpo-s2": "train"}
     for name in ("table.md", "table.csv", "counts.json", "README.md", "compare.json"):

@@ -225,7 +225,7 @@ dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, wor
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import AutoModelForCausalLM
 from ggpo_offline.core.model_io import tiny_model_dir
-from ggpo_offline.train.batch import MinibatchReader
+from ggpo_offline.train.minibatch import MinibatchReader
 from ggpo_offline.train.distributed import cast_parameters
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.plan import index_pool

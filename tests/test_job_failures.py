@@ -13,8 +13,7 @@ from ggpo_offline.evaluate.remote import RemoteEvaluator
 from ggpo_offline.train import activity
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.launch import FAILURE, LOST_PEER, USER, _failure_line, _report_file
-from ggpo_offline.train.layout import STATE_FILE
-from ggpo_offline.train.run import resume_hint
+from ggpo_offline.train.run import STATE_FILE, resume_hint
 
 
 def _report(folder: Path, rank: int, kind: str, message: str) -> None:

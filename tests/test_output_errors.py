@@ -163,6 +163,7 @@ def test_pi0_cache_on_a_full_disk_leaves_no_partial_cache(tmp_path, monkeypatch,
     import torch
 
     from ggpo_offline.train.pi0_cache import score_pool
+    from ggpo_offline.train.plan import check_pool
 
     rows = synthetic_rows(groups=3, m=4)
     for row in rows:
@@ -170,7 +171,7 @@ def test_pi0_cache_on_a_full_disk_leaves_no_partial_cache(tmp_path, monkeypatch,
     pool = write_synthetic_pool(tmp_path / "pool.parquet", rows=rows, m=4)
     monkeypatch.setattr(pq.ParquetWriter, "write_table", disk_full)
     with pytest.raises(UserError, match=rf"^cannot write {tmp_path}/pool\.pi0-\w+\.parquet: No space left"):
-        score_pool(pool, tiny_dir, torch.device("cpu"), 1.0)
+        score_pool(check_pool(pool), tiny_dir, torch.device("cpu"), 1.0)
     assert leftovers(tmp_path, {"pool.parquet"}) == []
 
 

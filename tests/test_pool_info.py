@@ -27,8 +27,7 @@ from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.inputs import plan_data, read_inputs
-from ggpo_offline.train.plan import index_pool, pool_fingerprint
-from ggpo_offline.train.sampling import check_sampling
+from ggpo_offline.train.plan import check_pool, check_sampling, index_pool, pool_fingerprint
 
 
 def test_a_generated_pools_info_holds_what_generation_was_given(hf_pool, tiny_dir):
@@ -105,7 +104,7 @@ def test_compare_plans_the_inputs_train_reads(tmp_path):
     config = CompareConfig(
         pool=pool, methods=("grpo", "ggpo"), seeds=(1, 2), settings=settings, out=tmp_path / "r"
     )
-    planned = plan(config)
+    planned = plan(config, check_pool(pool))
     assert len(planned) == 4
     for run in planned:
         inputs = read_inputs(run.config)

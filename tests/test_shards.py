@@ -12,7 +12,7 @@ from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.pool.merge import merge_pool
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import PoolInvalid, validate_pool
-from ggpo_offline.train.batch import MinibatchReader
+from ggpo_offline.train.minibatch import MinibatchReader
 from ggpo_offline.train.plan import index_pool, pool_fingerprint
 
 

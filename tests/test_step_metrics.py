@@ -70,7 +70,13 @@ def step_metrics(method: str, micro_batches: list[list[int]]) -> dict[str, float
         micro, rows = micro_batch(batch, tensors, groups)
         out = loss(method, micro, rows, token_count)
         diagnostics.add(
-            micro, rows["logp"], rows["entropy"], micro.mask, micro.behavior_logp, rows["ref_logp"], out
+            micro,
+            rows["logp"],
+            rows["entropy"],
+            mask=micro.mask,
+            behavior_logp=micro.behavior_logp,
+            ref_logp=rows["ref_logp"],
+            loss=out,
         )
     diagnostics.reduce_sums()
     return diagnostics.metrics(batch, grad_norm=1.5, method=method, ess_block=EssBlock(8))

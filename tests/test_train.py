@@ -10,13 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import synthetic_rows, write_synthetic_pool
+from conftest import count_pool_passes, synthetic_rows, write_synthetic_pool
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.schema import METADATA_KEY
-from ggpo_offline.train.batch import MinibatchReader
 from ggpo_offline.train.config import TrainConfig, resolve_config
 from ggpo_offline.train.logprobs import full_vocab_logprobs, length_buckets, response_logprobs
+from ggpo_offline.train.minibatch import MinibatchReader
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches
 from ggpo_offline.train.trainer import train
 
@@ -223,8 +223,10 @@ def test_same_pool_config_and_seed_give_identical_metrics_and_methods_share_the_
     assert other_seed.data_order_fingerprint != first.data_order_fingerprint
 
 
-def test_block_ess_is_logged_at_every_block_end_whatever_the_log_interval(vllm_pool, tmp_path):
+def test_block_ess_is_logged_at_every_block_end_whatever_the_log_interval(vllm_pool, tmp_path, monkeypatch):
+    passes = count_pool_passes(monkeypatch)
     result = train(_config(vllm_pool, tmp_path, updates=5, log_every=3, ess_block=2))
+    assert passes == {"validate_pool": 1, "index_pool": 1, "pool_fingerprint": 1, "pool_summary": 0}
     logged = {record["update"]: record for record in result.metrics}
     assert sorted(logged) == [0, 1, 3, 4]  # logged updates 0, 3, the last (4), and block ends 1, 3
     assert logged[1].keys() == {"update", "mismatch/ess_block"} and "mismatch/ess_block" in logged[3]
@@ -481,17 +483,19 @@ def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, ti
     import shutil
 
     from ggpo_offline.train.pi0_cache import Pi0Cache, cache_key, numerics, score_pool
+    from ggpo_offline.train.plan import check_pool
 
-    pool = tmp_path / "pool.parquet"
-    shutil.copy(vllm_pool, pool)
+    path = tmp_path / "pool.parquet"
+    shutil.copy(vllm_pool, path)
+    pool = check_pool(path)
     device = torch.device("cpu")
     cache = score_pool(pool, tiny_dir, device, 1.0)  # the pool's sampling temperature
     assert cache.path.parent == tmp_path and cache.path.name.startswith("pool.pi0-")
     stamp = cache.path.stat().st_mtime_ns
     again = score_pool(pool, tiny_dir, device, 1.0)
     assert again.path == cache.path and cache.path.stat().st_mtime_ns == stamp
-    index = index_pool(pool)
-    batch = MinibatchReader(pool, index, pad_id=0).read(index.mixed_group_ids[[4, 1, 7]].tolist())
+    index = pool.index
+    batch = MinibatchReader(path, index, pad_id=0).read(index.mixed_group_ids[[4, 1, 7]].tolist())
     # float32 sums in other batch shapes (packed vs one padded batch): measured up to 1.6e-5 on a log-prob of
     # -3.2, so a relative term beside the absolute one.
     torch.testing.assert_close(cache.logprobs(batch), _logprobs_under(tiny_dir, batch), atol=1e-5, rtol=1e-5)

@@ -22,11 +22,10 @@ from ggpo_offline.compare.report import (
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.generate.engines import Engine
-from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.config import PER_RUN, TrainConfig, config_for, given_settings, refuse_unread
 from ggpo_offline.train.inputs import plan_data, read_inputs, score_pi0
 from ggpo_offline.train.learners import learner
-from ggpo_offline.train.plan import index_pool, pool_fingerprint
+from ggpo_offline.train.plan import CheckedPool, check_pool
 from ggpo_offline.train.run import RunFolder
 
 # The train modules that load torch and transformers are imported inside the functions that train, so a
@@ -91,17 +90,15 @@ def _check_lists(config: CompareConfig) -> None:
             raise UserError(f"a {name} is listed twice")
 
 
-def plan(config: CompareConfig) -> list[PlannedRun]:
-    """Decide before any training what happens to each run; refuse run folders made with other settings."""
-    pool = Path(config.pool)
-    validate_pool(pool)
+def plan(config: CompareConfig, pool: CheckedPool) -> list[PlannedRun]:
+    """Decide before any training what happens to each run on ``pool`` (`check_pool` of ``config.pool``);
+    refuse run folders made with other settings."""
     read_ceilings(config.ceilings)
     _check_report_dir(config.report_dir)
     runs = run_configs(config)
-    index, pool_print = index_pool(pool), pool_fingerprint(pool)
     planned = []
     for run in runs:
-        fingerprints = plan_data(run, index, pool_print).fingerprints  # the plan `train` will replay
+        fingerprints = plan_data(run, pool.index, pool.fingerprint).fingerprints  # what `train` will replay
         planned.append(PlannedRun(run, _action(run, fingerprints, config.rerun), fingerprints))
     return planned
 
@@ -166,7 +163,8 @@ def compare(
 
     ``engine`` lends an already started generation engine holding the pool's model to the evaluations.
     """
-    planned = plan(config)  # refuses bad input before torch and MLflow load
+    pool = check_pool(config.pool)  # read once: every run trains on what this read
+    planned = plan(config, pool)  # refuses bad input before torch and MLflow load
     from ggpo_offline.core import tracking
     from ggpo_offline.train.evaluation import eval_config
 
@@ -187,14 +185,14 @@ def compare(
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
         # The inputs every run reads (initial model and tokenizer checked against the pool), and π0's
         # log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one).
-        inputs = read_inputs(shared)
+        inputs = read_inputs(shared, pool=pool)
         score_pi0(shared, inputs)
         # One engine and one evaluation protocol for every run: the base model is evaluated once.
         with Evaluator(eval_config(shared, inputs.model_dir), engine) as evaluator:
             for position, run in enumerate(planned):
                 if on_run is not None:
                     on_run(position, len(planned), run)
-                _execute(run, evaluator, parent.run_id, on_update, on_eval)
+                _execute(run, pool, evaluator, parent.run_id, on_update, on_eval)
         records = [load_run(run.config.run_dir, run.config.method, run.config.seed) for run in planned]
         data_plans = check_data_plans(records)
         if parent.run_id is not None:
@@ -213,7 +211,7 @@ def compare(
     )
 
 
-def _execute(run: PlannedRun, evaluator, parent_run_id, on_update, on_eval) -> None:
+def _execute(run: PlannedRun, pool: CheckedPool, evaluator, parent_run_id, on_update, on_eval) -> None:
     from ggpo_offline.train.trainer import train
 
     if run.action == "reuse":
@@ -226,6 +224,7 @@ def _execute(run: PlannedRun, evaluator, parent_run_id, on_update, on_eval) -> N
         on_eval=on_eval,
         evaluator=evaluator,
         parent_run_id=parent_run_id,
+        pool=pool,
     )
 
 

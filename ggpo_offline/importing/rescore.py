@@ -27,8 +27,8 @@ class Scorer:
     @torch.no_grad()
     def logprobs(self, rows: list[dict], temperature: float) -> list[list[float]]:
         """log π(a_t | x, a_<t) of every response token of ``rows`` (pool rows: prompt and response ids)."""
-        from ggpo_offline.train.batch import minibatch_from_rows
         from ggpo_offline.train.logprobs import response_logprobs
+        from ggpo_offline.train.minibatch import minibatch_from_rows
 
         scored = []
         for start in range(0, len(rows), RESPONSES_PER_FORWARD):

@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 from ggpo_offline.core.errors import UserError, os_reason
+from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
-from ggpo_offline.train.layout import STATE_FILE
+from ggpo_offline.train.run import STATE_FILE, RunFolder
 
 # Below this much free space a failed save is reported as a full disk (see _removed_on_failure).
 FULL_DISK_BYTES = 1 << 20
@@ -99,3 +100,21 @@ def load_state(path: Path, rank: int | None) -> tuple[dict, dict | None]:
     run_state = torch.load(path / STATE_FILE, weights_only=False)
     rank_state = None if rank is None else torch.load(path / _rank_file(rank), weights_only=False)
     return run_state, rank_state
+
+
+def resume_point(folder: RunFolder, config: TrainConfig, ranks: Ranks) -> Path:
+    """The checkpoint ``--resume`` continues from, after checking it belongs to this run and job size."""
+    checkpoint, path = folder.latest_checkpoint(), folder.path
+    if checkpoint is None:
+        raise UserError(f"--resume: {path} has no checkpoint to resume from")
+    run_state, _ = load_state(checkpoint, rank=None)
+    if "world" not in run_state:
+        raise UserError(f"--resume: {checkpoint} comes from an older ggpo-offline; start the run again")
+    if run_state["config"] != config.to_dict():
+        raise UserError(f"--resume: the settings differ from those of the run in {path}")
+    if run_state["world"] != ranks.world:
+        raise UserError(
+            f"--resume: {path} was trained by {run_state['world']} process(es); resume it with the same "
+            f"number (now {ranks.world})"
+        )
+    return checkpoint

@@ -14,16 +14,15 @@ import numpy as np
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
 from ggpo_offline.pool.info import PoolInfo
-from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.plan import (
+    CheckedPool,
     PoolIndex,
+    check_pool,
+    check_sampling,
     data_order_fingerprint,
-    index_pool,
     plan_minibatches,
-    pool_fingerprint,
 )
-from ggpo_offline.train.sampling import check_sampling
 
 if TYPE_CHECKING:
     from ggpo_offline.train.distributed import Ranks
@@ -44,15 +43,21 @@ class DataPlan:
 class RunInputs:
     """What a run reads, each checked, before it writes anything."""
 
-    pool: Path
-    info: PoolInfo
+    pool: CheckedPool
     model_dir: Path
     tokenizer: object
     temperature: float
     """The pool's sampling temperature, which every log-prob of the run uses."""
-    index: PoolIndex
     plan: np.ndarray
     fingerprints: dict
+
+    @property
+    def info(self) -> PoolInfo:
+        return self.pool.info
+
+    @property
+    def index(self) -> PoolIndex:
+        return self.pool.index
 
     @property
     def filtered_frac(self) -> float:
@@ -87,22 +92,24 @@ def check_tokenizer(config: TrainConfig, info: PoolInfo, tokenizer) -> None:
         )
 
 
-def read_inputs(config: TrainConfig, ranks: "Ranks | None" = None) -> RunInputs:
-    """The pool (validated), its initial model and tokenizer (checked against it), its sampling temperature
-    (`check_sampling`), the data plan and the fingerprints that identify pool and plan; ``ranks``: the
-    processes of a torchrun job (None: this process alone)."""
+def read_inputs(
+    config: TrainConfig, ranks: "Ranks | None" = None, pool: CheckedPool | None = None
+) -> RunInputs:
+    """The pool (`check_pool`, unless the caller gives ``pool`` as it checked it), its initial model and
+    tokenizer (checked against it), its sampling temperature (`check_sampling`), the data plan and the
+    fingerprints that identify pool and plan; ``ranks``: the processes of a torchrun job (None: this
+    process alone)."""
     from ggpo_offline.train.distributed import SINGLE_PROCESS, check_split
 
     check_split(config.groups_per_batch, SINGLE_PROCESS if ranks is None else ranks)
-    pool = Path(config.pool)
-    info = validate_pool(pool).info
-    model_dir = initial_model_dir(config.model, info.model.location)
+    if pool is None or pool.path != Path(config.pool):
+        pool = check_pool(config.pool)
+    model_dir = initial_model_dir(config.model, pool.info.model.location)
     tokenizer = load_tokenizer(model_dir)
-    check_tokenizer(config, info, tokenizer)
-    temperature = check_sampling(pool, info.sampling, config.allow_truncated_sampling)
-    index = index_pool(pool)
-    data = plan_data(config, index, pool_fingerprint(pool))
-    return RunInputs(pool, info, model_dir, tokenizer, temperature, index, data.plan, data.fingerprints)
+    check_tokenizer(config, pool.info, tokenizer)
+    temperature = check_sampling(pool.path, pool.info.sampling, config.allow_truncated_sampling)
+    data = plan_data(config, pool.index, pool.fingerprint)
+    return RunInputs(pool, model_dir, tokenizer, temperature, data.plan, data.fingerprints)
 
 
 def score_pi0(config: TrainConfig, inputs: RunInputs, ranks: "Ranks | None" = None) -> "Pi0Cache":

@@ -21,12 +21,10 @@ import torch
 from ggpo_offline.core.errors import UserError, writing
 from ggpo_offline.core.model_io import initial_model_dir, load_tokenizer, weights_sha256
 from ggpo_offline.pool.schema import PARQUET_OPTIONS, open_parquet
-from ggpo_offline.pool.validate import validate_pool
-from ggpo_offline.train.batch import Minibatch, MinibatchReader
 from ggpo_offline.train.distributed import cast_parameters, compute_dtype, device_of
 from ggpo_offline.train.logprobs import response_logprobs
-from ggpo_offline.train.plan import index_pool, pool_fingerprint
-from ggpo_offline.train.sampling import pool_temperature
+from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
+from ggpo_offline.train.plan import CheckedPool, check_pool, pool_temperature
 
 CACHE_KEY = b"ggpo_offline_pi0"
 CACHE_SCHEMA = pa.schema(
@@ -60,11 +58,16 @@ def cache_path(pool: Path, key: dict) -> Path:
 
 
 def cache_key(
-    pool: Path, model_dir: Path, device: torch.device, temperature: float, sharded: bool, packed: bool = True
+    pool: CheckedPool,
+    model_dir: Path,
+    device: torch.device,
+    temperature: float,
+    sharded: bool,
+    packed: bool = True,
 ) -> dict:
     """What a cache is valid for: this pool's data, these initial weights, numerics and temperature."""
     return {
-        "pool_fingerprint": pool_fingerprint(pool),
+        "pool_fingerprint": pool.fingerprint,
         "weights_sha256": weights_sha256(model_dir),
         "numerics": numerics(device, sharded, packed),
         "temperature": temperature,
@@ -80,7 +83,7 @@ def _read_key(path: Path) -> dict | None:
 
 
 def score_pool(
-    pool: Path,
+    pool: CheckedPool,
     model_dir: Path,
     device: torch.device,
     temperature: float,
@@ -96,12 +99,12 @@ def score_pool(
     from transformers import AutoModelForCausalLM
 
     key = cache_key(pool, model_dir, device, temperature, sharded, packed)
-    target = cache_path(pool, key)
+    target = cache_path(pool.path, key)
     if target.is_file() and _read_key(target) == key:
         return Pi0Cache(target, key)
-    index = index_pool(pool)
+    index = pool.index
     tokenizer = load_tokenizer(model_dir)
-    reader = MinibatchReader(pool, index, pad_id=tokenizer.pad_token_id or 0)
+    reader = MinibatchReader(pool.path, index, pad_id=tokenizer.pad_token_id or 0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
     cast_parameters(model, compute_dtype(device, sharded))
     groups = index.mixed_group_ids.tolist()
@@ -144,9 +147,10 @@ def ensure_pi0_cache(
 ) -> "Pi0Cache":
     """``ggpo pool score``: check the pool, resolve its initial model (``model`` or the pool's own) and
     score it on the learner's device unless a matching cache exists."""
-    info = validate_pool(pool).info
-    model_dir = initial_model_dir(model, info.model.location)
-    return score_pool(pool, model_dir, device_of(), pool_temperature(pool, info.sampling), on_progress)
+    checked = check_pool(pool)
+    model_dir = initial_model_dir(model, checked.info.model.location)
+    temperature = pool_temperature(checked.path, checked.info.sampling)
+    return score_pool(checked, model_dir, device_of(), temperature, on_progress)
 
 
 class Pi0Cache:

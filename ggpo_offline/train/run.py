@@ -9,20 +9,24 @@ from typing import TYPE_CHECKING
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.layout import (
-    CHECKPOINT_PREFIX,
-    CHECKPOINTS,
-    CONFIG_FILE,
-    EVAL_FOLDER,
-    FINAL,
-    METRICS_FILE,
-    RESULT_FILE,
-    STATE_FILE,
-    TEST_FOLDER,
-)
 
 if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
     from ggpo_offline.train.distributed import Ranks
+
+
+# The names of a run folder's files and of a checkpoint's resume state (also read by `checkpoint`).
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+"""Written last: a run folder holding it is a finished run (compare reuses such runs)."""
+EVAL_FOLDER = "eval"
+TEST_FOLDER = "test"
+"""Inside EVAL_FOLDER: the held-out test evaluations, kept apart from the validation ones training reads."""
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_PREFIX = "update-"
+STATE_FILE = "trainer_state.pt"
+"""Written last into a checkpoint: a checkpoint folder holding it is complete and resumable."""
+FINAL = "final"
 
 
 def _reports_by_update(folder: Path) -> dict[int, dict]:
@@ -133,7 +137,6 @@ class Run:
         self.config, self.ranks = config, ranks or SINGLE_PROCESS
         self.folder = RunFolder(config.run_dir)
         self._prepare(resume, overwrite)
-        self.resume_from = self._resume_point() if resume else None
         self.tracker = None
         self.history: list[dict] = []
         self.pending: list[dict] = []
@@ -155,25 +158,6 @@ class Run:
                 shutil.rmtree(path)
             path.mkdir(parents=True, exist_ok=True)
         barrier(self.ranks)
-
-    def _resume_point(self) -> Path:
-        """The checkpoint ``--resume`` continues from, after checking it belongs to this run and job size."""
-        from ggpo_offline.train.checkpoint import load_state
-
-        checkpoint, path = self.folder.latest_checkpoint(), self.folder.path
-        if checkpoint is None:
-            raise UserError(f"--resume: {path} has no checkpoint to resume from")
-        run_state, _ = load_state(checkpoint, rank=None)
-        if "world" not in run_state:
-            raise UserError(f"--resume: {checkpoint} comes from an older ggpo-offline; start the run again")
-        if run_state["config"] != self.config.to_dict():
-            raise UserError(f"--resume: the settings differ from those of the run in {path}")
-        if run_state["world"] != self.ranks.world:
-            raise UserError(
-                f"--resume: {path} was trained by {run_state['world']} process(es); resume it with the same "
-                f"number (now {self.ranks.world})"
-            )
-        return checkpoint
 
     # -- tracking --------------------------------------------------------------------------------------
     def start(

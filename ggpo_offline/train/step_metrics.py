@@ -53,15 +53,16 @@ class StepDiagnostics:
         micro: Minibatch,
         logp: Tensor,
         entropy: Tensor,
+        *,
         mask: Tensor,
         behavior_logp: Tensor,
         ref_logp: Tensor | None,
-        out: LossOutput,
+        loss: LossOutput,
     ) -> None:
-        """One micro-batch: the learner's log-probs and entropies, its mask and constant log-probs (each
-        [B, T], on the learner's device), and its loss result."""
+        """One micro-batch: the policy's log-probs and entropies, its mask and constant log-probs (each
+        [B, T], on the policy's device), and the learner's loss result."""
         logp, T_tok = logp.detach(), self.token_count
-        self.sums["loss"] += out.loss.item()
+        self.sums["loss"] += loss.loss.item()
         self.sums["mismatch/k3"] += diag.mismatch_k3(logp, behavior_logp, mask, token_count=T_tok).item()
         self.sums["mismatch/drift"] += diag.mismatch_drift(
             logp, behavior_logp, mask, token_count=T_tok
@@ -73,7 +74,7 @@ class StepDiagnostics:
             ).item()
         self.seq_log_weights.append(diag.sequence_log_weights(logp, behavior_logp, mask))
         self.rewards.append(micro.rewards)
-        self.stats.append(out.stats)
+        self.stats.append(loss.stats)
 
     def reduce_sums(self) -> dict[str, float]:
         """The summed diagnostics (the loss first) over micro-batches and ranks, in one reduction."""
