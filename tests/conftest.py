@@ -194,3 +194,15 @@ def count_pool_passes(monkeypatch) -> dict[str, int]:
             ):
                 monkeypatch.setattr(module, name, counted)
     return calls
+
+
+def read_metric_series(tracking_uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Every metric of an MLflow run as its full (step, value) history, sorted by step (then value)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    keys = client.get_run(run_id).data.metrics.keys()
+    return {
+        key: sorted((point.step, point.value) for point in client.get_metric_history(run_id, key))
+        for key in keys
+    }

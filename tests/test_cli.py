@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, synthetic_metadata, synthetic_rows, write_synthetic_pool
+from conftest import REPO, read_metric_series, synthetic_metadata, synthetic_rows, write_synthetic_pool
 
 GGPO = [str(Path(sys.executable).parent / "ggpo")]
 
@@ -145,7 +145,6 @@ def test_pool_commands_on_a_missing_file(tmp_path, what):
 
 
 def test_train_command_end_to_end_with_mlflow(vllm_pool, tmp_path):
-    from ggpo_offline.core.tracking import read_metric_series
 
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     out = tmp_path / "run"

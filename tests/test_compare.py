@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import count_pool_passes
+from conftest import count_pool_passes, read_metric_series
 
 from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
 from ggpo_offline.compare.report import FIGURES, Counts, RunRecord, check_data_plans, write_tables
@@ -78,8 +78,6 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     vllm_pool, vllm_engine, tmp_path, monkeypatch
 ):
     from mlflow.tracking import MlflowClient
-
-    from ggpo_offline.core.tracking import read_metric_series
 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     settings = {

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import read_metric_series
 from mlflow.tracking import MlflowClient
 
 from ggpo_offline.core.errors import UserError
@@ -20,7 +21,6 @@ from ggpo_offline.core.tracking import (
     NullTracker,
     check_tracking_reachable,
     default_tracking_uri,
-    read_metric_series,
     start_tracking,
 )
 

@@ -235,16 +235,6 @@ def check_tracking_reachable(tracking_uri: str, timeout_s: float = 5.0) -> None:
         _check_writable(db_path)
 
 
-def read_metric_series(tracking_uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    """Every metric of a run as its full (step, value) history, sorted by step (then value, for ties)."""
-    client = _client(_absolute_sqlite_uri(tracking_uri))
-    keys = client.get_run(run_id).data.metrics.keys()
-    return {
-        key: sorted((point.step, point.value) for point in client.get_metric_history(run_id, key))
-        for key in keys
-    }
-
-
 def set_parent(tracking_uri: str, run_id: str, parent_run_id: str) -> None:
     """Nest an existing run under `parent_run_id` (MLflow keeps the parent as a run tag)."""
     client = _client(_absolute_sqlite_uri(tracking_uri))
