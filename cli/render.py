@@ -233,9 +233,8 @@ class CompareProgress(TrainingProgress):
         super().__init__(updates=0)
 
     def start_run(self, position: int, total: int, run) -> None:
-        verb = {"reuse": "reusing", "resume": "resuming", "train": "training", "replace": "retraining"}
         console.print(
-            f"[{position + 1}/{total}] {run.config.run_name}: {verb[run.action]} ({run.config.run_dir})"
+            f"[{position + 1}/{total}] {run.config.run_name}: {run.verbs.doing} ({run.config.run_dir})"
         )
         self.updates = run.config.updates
         self.label = run.config.run_name
@@ -248,7 +247,7 @@ def print_compare_result(result) -> None:
     for seed, fingerprint in result.data_plans.items():
         runs = sum(record.seed == seed for record in result.records)
         stdout.print(f"seed {seed}: data-order fingerprint {fingerprint} shared by all {runs} runs")
-    stdout.print((result.report_dir / "table.md").read_text())
+    stdout.print(result.report.tables)
     stdout.print(
         f"report: {result.report_dir}/README.md (table.md, table.csv, counts.json, figure.png and one PNG "
         "per panel)"

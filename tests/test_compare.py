@@ -75,9 +75,11 @@ def test_compare_settings_are_checked_before_any_work(vllm_pool, tmp_path):
 
 @pytest.mark.vllm
 def test_compare_trains_every_run_reports_and_reuses_finished_runs(
-    vllm_pool, vllm_engine, tmp_path, monkeypatch
+    vllm_pool, vllm_engine, tmp_path, monkeypatch, capsys
 ):
+    from ggpo_cli import render
     from mlflow.tracking import MlflowClient
+    from test_report import refuse_reading_back
 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     settings = {
@@ -157,7 +159,13 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
 
     # Adding a seed trains only the new runs; finished runs are reused untouched.
     stamps = {p: p.stat().st_mtime_ns for p in (report / "runs").rglob("metrics.jsonl")}
-    bigger = compare(replace(config, seeds=(1, 2, 3)), engine=vllm_engine)
+    with monkeypatch.context() as guard:  # the README and the terminal show the report as computed
+        refuse_reading_back(guard, report)
+        bigger = compare(replace(config, seeds=(1, 2, 3)), engine=vllm_engine)
+        render.print_compare_result(bigger)
+    assert bigger.report.tables in capsys.readouterr().out
+    assert bigger.report.tables == (report / "table.md").read_text()
+    assert bigger.report.tables in (report / "README.md").read_text()
     assert bigger.actions == {
         "grpo-s1": "reuse", "ggpo-s1": "reuse", "grpo-s2": "reuse", "ggpo-s2": "reuse",
         "grpo-s3": "train", "ggpo-s3": "train",

@@ -68,6 +68,19 @@ def _simulated(curves: dict, problems: int = 200, n: int = 8, seed: int = 0, tes
     return records
 
 
+def refuse_reading_back(monkeypatch, folder: Path) -> None:
+    """Make opening a markdown file of ``folder`` (the report's own, not its runs') for reading fail: what a
+    command writes there it renders from the computed report, never by reading the file back."""
+    opened = Path.open
+
+    def guarded(path: Path, mode: str = "r", *args, **kwargs):
+        if path.suffix == ".md" and path.parent.resolve() == folder.resolve() and not set(mode) & set("wax"):
+            raise AssertionError(f"{path} was read back")
+        return opened(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", guarded)  # read_text and read_bytes open the file through it
+
+
 def _tables(records, methods, tmp_path) -> str:
     seeds = sorted({r.seed for r in records}, key=[r.seed for r in records].index)
     return write_tables(Counts.from_records(records, methods, seeds), tmp_path)
@@ -273,7 +286,7 @@ def test_a_claim_whose_methods_were_not_run_is_left_out(tmp_path):
 def test_counts_round_trip_and_recompute_the_tables_byte_for_byte(tmp_path):
     records = _simulated(PAPER_LIKE, problems=30)
     (tmp_path / "written").mkdir()
-    counts = write_report(records, list(PAPER_LIKE), list(SEEDS), tmp_path / "written")
+    counts = write_report(records, list(PAPER_LIKE), list(SEEDS), tmp_path / "written").counts
     again = Counts.read(tmp_path / "written" / COUNTS_FILE)
     assert again == counts
     assert again.selected[("ggpo", 42)] == records[-3].result["selected_update"]
@@ -347,7 +360,7 @@ def test_run_folders_are_read_with_their_validation_and_test_evaluations(tmp_pat
         records.append(load_run(folder.path, method, 7))
     assert sorted(records[0].evals) == [0, 5] and sorted(records[0].tests) == [5]
     (tmp_path / "report").mkdir()
-    counts = write_report(records, ["grpo", "ggpo"], [7], tmp_path / "report")
+    counts = write_report(records, ["grpo", "ggpo"], [7], tmp_path / "report").counts
     assert counts.correct["ggpo", 7, "test", 5] == {"arith-test": (3, 3, 4)}
     assert counts.selected == {("grpo", 7): 5, ("ggpo", 7): 5}
     assert counts.drift["grpo", 7] == ((0, 0.0123457),)  # 6 significant digits
@@ -428,6 +441,35 @@ def test_the_ceilings_section_sets_each_method_against_both_ceilings_per_prompt_
         " verdict). The best, GRPO, ends at 55.00: flat 100.0 against quick's 90.0, nested 25.0 against"
         " careful's 70.0."
     )
+
+
+def test_the_files_and_the_terminal_show_one_computed_report_never_read_back(tmp_path, monkeypatch, capsys):
+    from ggpo_cli import render
+
+    from ggpo_offline.compare.comparison import CompareResult
+    from ggpo_offline.compare.report import compute_report
+
+    runs = [
+        _arith_record(m, c, seed=s)
+        for s in (42, 7)
+        for m, c in (("grpo", [8] * 4 + [2] * 6), ("ggpo", [8] * 10))
+    ]
+    report = compute_report(Counts.from_records(runs, ["grpo", "ggpo"], [42, 7]), STYLES_REPORT)
+    assert report.tables.startswith("### Validation accuracy") and report.ceilings.startswith("### Against")
+    with monkeypatch.context() as guard:
+        refuse_reading_back(guard, tmp_path)
+        with pytest.raises(AssertionError, match="table.md was read back"):  # the guard works
+            (tmp_path / "table.md").read_text()
+        report.write(tmp_path)
+        render.print_compare_result(CompareResult(tmp_path, runs, {42: "plan", 7: "plan"}, None, {}, report))
+    printed = capsys.readouterr().out
+    assert (tmp_path / "table.md").read_text() == report.tables and report.tables in printed
+    assert (tmp_path / "ceilings.md").read_text() == report.ceilings
+    with (tmp_path / "table.csv").open() as handle:
+        assert tuple(csv.DictReader(handle)) == tuple({k: str(v) for k, v in r.items()} for r in report.rows)
+    without = compute_report(report.counts)  # without --ceilings: no ceilings.md, not an old one
+    without.write(tmp_path)
+    assert not (tmp_path / "ceilings.md").exists() and without.tables == report.tables
 
 
 def test_a_ceilings_file_that_is_not_a_forced_measure_is_refused_in_one_line(tmp_path):

@@ -9,13 +9,14 @@ import numpy as np
 
 from ggpo_offline import __version__
 from ggpo_offline.compare import stats
-from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings, write_ceilings
+from ggpo_offline.compare.ceilings import read_ceilings
 from ggpo_offline.compare.comparison import MARKER
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import Counts
-from ggpo_offline.compare.report import STATISTICS, write_report
+from ggpo_offline.compare.report import STATISTICS, Report, write_report
 from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run, validation_counts
 from ggpo_offline.compare.tables import display, interval_verdict, rate_text
+from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.inspect import pool_summary
@@ -34,26 +35,33 @@ def arc_report(config: ArcConfig) -> Path:
         raise UserError(
             f"--styles-seed {config.styles_seed} is not one of --seeds {','.join(map(str, config.seeds))}"
         )
-    read_ceilings(config.ceilings)  # a bad file is refused before the slow style measures
+    ceilings = read_ceilings(config.ceilings)  # a bad file is refused before the slow style measures
     records = _records(config.parts, config.methods, config.seeds)
     check_data_plans(records)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
-    counts = write_report(records, list(config.methods), list(config.seeds), out)
-    write_ceilings(out, counts, list(config.methods), config.ceilings)
+    report = write_report(records, list(config.methods), list(config.seeds), out, ceilings)
     if config.ablations is not None:
         runs = ablation_runs(_ablation_parts(config.ablations))
         (out / ABLATIONS_COUNTS).write_text(json.dumps(runs, indent=1) + "\n")
-        (out / ABLATIONS_FILE).write_text(ablation_table(counts, runs))
+        ablations = ablation_table(report.counts, runs)
+        (out / ABLATIONS_FILE).write_text(ablations)
+    else:  # the folder keeps an earlier arc-report's ablations, and its README shows them
+        earlier = out / ABLATIONS_FILE
+        ablations = earlier.read_text() if earlier.is_file() else None
     by_run = {(r.method, r.seed): r for r in records}
     chosen = [by_run[(m, config.styles_seed)] for m in config.methods if (m, config.styles_seed) in by_run]
-    (out / STYLES_FILE).write_text(styles_along(chosen, config.styles_problems, out / "styles.json"))
-    write_readme(config, records)
+    styles = styles_along(chosen, config.styles_problems, out / "styles.json")
+    (out / STYLES_FILE).write_text(styles)
+    write_readme(config, records, report, ablations, styles)
     return out
 
 
-def write_readme(config: ArcConfig, records: list[RunRecord]) -> None:
-    """The arc's README: what ran, the tables, the ablations, the style shares and how to recompute them."""
+def write_readme(
+    config: ArcConfig, records: list[RunRecord], report: Report, ablations: str | None, styles: str
+) -> None:
+    """The arc's README: what ran, the tables (``report``), the ablations, the style shares and how to
+    recompute them."""
     out = config.out
     info = PoolInfo.from_metadata(pool_summary(Path(records[0].config["pool"])).get("metadata", {}))
     settings = records[0].config
@@ -82,17 +90,17 @@ def write_readme(config: ArcConfig, records: list[RunRecord]) -> None:
         "",
         "## Results",
         "",
-        (out / "table.md").read_text(),
+        report.tables,
         "![validation accuracy, log ratio, ESS, gradient norm and entropy](figure.png)",
         "",
     ]
-    for name, title in (
-        (CEILINGS_FILE, "Against the ceilings of selection"),
-        (ABLATIONS_FILE, "Ablations"),
-        (STYLES_FILE, "What the learners select"),
+    for title, text in (
+        ("Against the ceilings of selection", report.ceilings),
+        ("Ablations", ablations),
+        ("What the learners select", styles),
     ):
-        if (out / name).is_file():
-            sections += [f"## {title}", "", (out / name).read_text(), ""]
+        if text:
+            sections += [f"## {title}", "", text, ""]
     sections += [
         "## Raw data",
         "",
@@ -185,14 +193,7 @@ def ablation_table(counts: Counts, ablations: dict) -> str:
     same method and seed (from ``counts``), with paired intervals over problems: one seed, so each verdict
     is "too few seeds"."""
     n = counts.n["validation"]
-    lines = [
-        "### Ablations on validation (mean@n %, one seed): peak and final beside the default settings",
-        "",
-        "| setting | method | seed | peak (update) | final | final − default final [95 %] | peak − default"
-        " peak [95 %] |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    shown = []
+    shown, table_rows = [], []
     for run in ablations["runs"]:
         if run["method"] not in counts.methods or run["seed"] not in counts.seeds:
             continue
@@ -203,11 +204,18 @@ def ablation_table(counts: Counts, ablations: dict) -> str:
         final_gap = stats.paired_interval(_points(evaluations[final], n) - _points(default[max(default)], n))
         peak_gap = stats.paired_interval(_points(evaluations[peak], n) - _points(default[_peak(default)], n))
         means = _points(evaluations[peak], n).mean(), _points(evaluations[final], n).mean()
-        lines.append(
-            f"| {run['setting']} | {display(run['method'])} | {run['seed']} | {means[0]:.2f} ({peak}) |"
-            f" {means[1]:.2f} | {interval_verdict(final_gap)} | {interval_verdict(peak_gap)} |"
-        )
-    lines += ["", _defaults_line(shown, n), ""]
+        gaps = [interval_verdict(final_gap), interval_verdict(peak_gap)]
+        cells = [f"{means[0]:.2f} ({peak})", f"{means[1]:.2f}", *gaps]
+        table_rows.append([run["setting"], display(run["method"]), run["seed"], *cells])
+    header = ["setting", "method", "seed", "peak (update)", "final", "final − default final [95 %]"]
+    lines = [
+        "### Ablations on validation (mean@n %, one seed): peak and final beside the default settings",
+        "",
+        *markdown.table([*header, "peak − default peak [95 %]"], table_rows, "llrrrrr"),
+        "",
+        _defaults_line(shown, n),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -260,9 +268,8 @@ def styles_table(measured: dict[str, dict], problems: int, seed: int) -> str:
         "Each cell: share of the samples opening with that style, then (in parentheses) how often those are"
         " right. *other*: samples that open with no style marker, which the pool never shows.",
         "",
-        "| checkpoint | mean@8 | " + " | ".join(names) + " |",
-        "|---|---:|" + "---:|" * len(names),
     ]
+    table_rows = []
     for key, report in measured.items():
         cells = []
         for name in names:
@@ -272,7 +279,8 @@ def styles_table(measured: dict[str, dict], problems: int, seed: int) -> str:
                 continue
             right = "–" if style["accuracy"] is None else f"{100 * style['accuracy']:.0f}%"
             cells.append(f"{100 * style['share']:.0f}% ({right})")
-        lines.append(f"| {key} | {100 * report['accuracy']:.1f} | " + " | ".join(cells) + " |")
+        table_rows.append([key, f"{100 * report['accuracy']:.1f}", *cells])
+    lines += markdown.table(["checkpoint", "mean@8", *names], table_rows, "lr" + "r" * len(names))
     return "\n".join(lines + [""])
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from ggpo_offline.compare import stats
-from ggpo_offline.compare.counts import BASE, SELECTED, Counts
+from ggpo_offline.compare.counts import BASE, SELECTED
 from ggpo_offline.compare.paired import At, Scores
 from ggpo_offline.compare.tables import display
+from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.organism.ceilings import selection_ceilings
 from ggpo_offline.organism.styles import prompt_class
@@ -45,7 +46,6 @@ def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) ->
     aware, best = 100 * found["prompt_aware_ceiling"]["accuracy"], found["prompt_aware_ceiling"]["styles"]
     n = counts.n["test"]
     forced = styles_report["forced_by_class"]
-    class_headers = [f"{name} ({int(masks[name].sum())})" for name in names]
     lines = [
         f"### Against the ceilings of selection: test at the selected checkpoint on {scope} (%)",
         "",
@@ -57,12 +57,8 @@ def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) ->
         f"({styles_report['n_problems']} {styles_report['split']} problems × {styles_report['m']}), weighted "
         "by this benchmark's class shares; the interval treats the ceiling as exact.",
         "",
-        "| method | update | "
-        + " | ".join(class_headers)
-        + f" | mean@{n} | − prompt-blind ceiling [95 % CI] | verdict (Holm over {len(methods)}) |",
-        "|---|---:|" + "---:|" * (len(names) + 2) + "---|",
     ]
-    rows, intervals, ends = [], {}, {}
+    scored, intervals, ends = {}, {}, {}
     for method in [BASE] + methods:
         at = At("test", scope, 0 if method == BASE else SELECTED)
         points = scores.points(method, at)
@@ -71,14 +67,15 @@ def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) ->
         per_class = [f"{points[:, masks[name]].mean():.2f}" for name in names]
         intervals[method] = stats.paired_interval(points - blind)
         ends[method] = (float(points.mean()), {name: float(points[:, masks[name]].mean()) for name in names})
-        start = f"| {display(method)} | {update} | " + " | ".join(per_class) + f" | {points.mean():.2f} | "
-        rows.append((method, start))
+        scored[method] = [display(method), update, *per_class, f"{points.mean():.2f}"]
     judged = dict(zip(methods, stats.judge([intervals[m] for m in methods]), strict=True))
     above = [display(m) for m in methods if judged[m].resolved and judged[m].interval.mean > 0]
-    for method, start in rows:
-        verdict = "" if method == BASE else judged[method].verdict
-        lines.append(f"{start}{intervals[method].text()} | {verdict} |")
-    lines += ["", _verdict(ends, methods, above, blind, forced, best, len(counts.seeds)), ""]
+    verdicts = {BASE: ""} | {method: judged[method].verdict for method in methods}
+    header = ["method", "update", *(f"{name} ({problems[name]})" for name in names), f"mean@{n}"]
+    header += ["− prompt-blind ceiling [95 % CI]", f"verdict (Holm over {len(methods)})"]
+    table_rows = [[*cells, intervals[m].text(), verdicts[m]] for m, cells in scored.items()]
+    lines += [*markdown.table(header, table_rows, "lr" + "r" * (len(names) + 2) + "l"), ""]
+    lines += [_verdict(ends, methods, above, blind, forced, best, len(counts.seeds)), ""]
     return lines
 
 
@@ -116,15 +113,3 @@ def read_ceilings(path: Path | None) -> dict | None:
             f"--ceilings {path}: not a `ggpo measure-styles --json` report with forced measurements"
         )
     return report
-
-
-def write_ceilings(report_dir: Path, counts: Counts, methods: list[str], styles_path: Path | None) -> None:
-    """ceilings.md: where each method ends against the pool model's ceilings of selection (``--ceilings``);
-    removed when not asked for, so a report never shows another comparison's."""
-    path = report_dir / CEILINGS_FILE
-    styles = read_ceilings(styles_path)
-    lines = [] if styles is None else ceilings_section(Scores(counts), methods, styles)
-    if lines:
-        path.write_text("\n".join(lines))
-    else:
-        path.unlink(missing_ok=True)

@@ -7,13 +7,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ggpo_offline import __version__
-from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings, write_ceilings
+from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings
 from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.readme import reproduce_command, write_readme
 from ggpo_offline.compare.report import (
     DIAGNOSTICS_FILE,
     FIGURES,
+    Report,
     RunRecord,
     check_data_plans,
     load_run,
@@ -40,12 +41,33 @@ TRACKING_SETTINGS = ("tracking_uri", "experiment", "no_tracking")
 
 
 @dataclass(frozen=True)
+class Verbs:
+    """How an action on a run reads: while compare does it (the terminal) and once done (the README)."""
+
+    doing: str
+    done: str
+
+
+ACTIONS = {
+    "reuse": Verbs("reusing", "reused"),
+    "resume": Verbs("resuming", "resumed"),
+    "train": Verbs("training", "trained"),
+    "replace": Verbs("retraining", "retrained"),
+}
+"""What compare can do with a run (`plan` chooses), by the name compare.json records."""
+
+
+@dataclass(frozen=True)
 class PlannedRun:
-    """One method × seed run and what compare will do with it: reuse, resume, train or replace."""
+    """One method × seed run and what compare will do with it: one of ``ACTIONS``."""
 
     config: TrainConfig
     action: str
     fingerprints: dict
+
+    @property
+    def verbs(self) -> Verbs:
+        return ACTIONS[self.action]
 
 
 @dataclass(frozen=True)
@@ -55,6 +77,8 @@ class CompareResult:
     data_plans: dict[int, str]
     parent_run_id: str | None
     actions: dict[str, str]
+    report: Report
+    """What the report folder's tables hold, as computed (the terminal prints it from here)."""
 
 
 def run_configs(config: CompareConfig) -> list[TrainConfig]:
@@ -197,18 +221,17 @@ def compare(
         data_plans = check_data_plans(records)
         if parent.run_id is not None:
             _adopt_children(shared, parent.run_id, records)
-        counts = write_report(records, list(config.methods), list(config.seeds), report_dir)
-        write_ceilings(report_dir, counts, list(config.methods), config.ceilings)
-        write_readme(report_dir, config, planned, records, data_plans, parent.run_id)
+        ceilings = read_ceilings(config.ceilings)
+        report = write_report(records, list(config.methods), list(config.seeds), report_dir, ceilings)
+        write_readme(config, planned, records, data_plans, parent.run_id, report)
         _write_marker(report_dir, config, planned, status="finished", data_plans=data_plans)
         parent.set_tags({f"data_order_fingerprint.seed{s}": f for s, f in data_plans.items()})
         for name in ("table.md", "table.csv", COUNTS_FILE, DIAGNOSTICS_FILE, "README.md", MARKER, *FIGURES):
             parent.log_artifact(report_dir / name, "report")
-        if (report_dir / CEILINGS_FILE).is_file():
+        if report.ceilings:
             parent.log_artifact(report_dir / CEILINGS_FILE, "report")
-    return CompareResult(
-        report_dir, records, data_plans, parent.run_id, {r.config.run_name: r.action for r in planned}
-    )
+    actions = {run.config.run_name: run.action for run in planned}
+    return CompareResult(report_dir, records, data_plans, parent.run_id, actions, report)
 
 
 def _execute(run: PlannedRun, pool: CheckedPool, evaluator, parent_run_id, on_update, on_eval) -> None:

@@ -3,6 +3,7 @@
 from ggpo_offline.compare.counts import SELECTED
 from ggpo_offline.compare.paired import At, Scores
 from ggpo_offline.compare.tables import csv_row, display
+from ggpo_offline.core import markdown
 
 
 def headline(scores: Scores, split: str) -> str:
@@ -32,27 +33,23 @@ def pairwise_section(scores: Scores, methods: list[str]) -> tuple[list[str], lis
         return [], []
     counts = scores.counts
     size = len(methods) * (len(methods) - 1) // 2
-    lines = [
-        "### Pairwise differences in mean@n (points), paired by seed and problem",
-        "",
-        "| at | A − B | difference [95 % CI] | p (Holm) | P(A > B) | verdict | what it would take |",
-        "|---|---|---:|---:|---:|---|---|",
-    ]
-    rows = []
+    table_rows, rows = [], []
     for at, label in end_places(scores):
         metric = f"mean@{counts.n[at.split]}"
         updates = {m: counts.checkpoints(m, at.checkpoint) for m in methods}
         for (a, b), judged in scores.pairs(methods, at).items():
             interval, chance = judged.interval, scores.improvement(a, b, at)
             needs = "" if judged.resolved else interval.needs()
-            lines.append(
-                f"| {label} | {display(a)} − {display(b)} | {interval.text()} | {judged.p_holm:.3f} |"
-                f" {chance:.2f} | {judged.verdict} | {needs} |"
-            )
+            cells = [f"{display(a)} − {display(b)}", interval.text(), f"{judged.p_holm:.3f}", f"{chance:.2f}"]
+            table_rows.append([label, *cells, judged.verdict, needs])
             update = " ".join(map(str, updates[a])) + " − " + " ".join(map(str, updates[b]))
             row = csv_row("pairwise", at, a, metric, versus=b, judged=judged, update=update)
             rows.append(row | {"p_improvement": round(chance, 6)})
-    lines += [
+    header = ["at", "A − B", "difference [95 % CI]", "p (Holm)", "P(A > B)", "verdict", "what it would take"]
+    lines = [
+        "### Pairwise differences in mean@n (points), paired by seed and problem",
+        "",
+        *markdown.table(header, table_rows, "llrrrll"),
         "",
         f"Difference: the mean of A − B over seeds and problems; 95 % CI: t on seeds − 1 degrees of freedom"
         f" (`compare/stats.py`); p (Holm): the two-sided p-value adjusted within the family of the {size}"

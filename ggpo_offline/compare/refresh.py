@@ -4,10 +4,10 @@ import json
 from pathlib import Path
 
 from ggpo_offline.compare.arc import ABLATIONS_COUNTS, ABLATIONS_FILE, ablation_table
-from ggpo_offline.compare.ceilings import CEILINGS_FILE, write_ceilings
+from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings
 from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
-from ggpo_offline.compare.report import STATISTICS, write_tables
+from ggpo_offline.compare.report import STATISTICS, compute_report
 from ggpo_offline.compare.tuning import TUNING_FILE, tuning_tables
 from ggpo_offline.core.errors import UserError
 
@@ -33,14 +33,15 @@ def refresh_report(config: RefreshConfig) -> list[Path]:
     for name, text in old.items():
         if text not in readme:
             raise UserError(f"{folder}/README.md no longer holds {name} as written; cannot place the new one")
-    counts = Counts.read(folder / COUNTS_FILE)
-    write_tables(counts, folder)
-    write_ceilings(folder, counts, list(counts.methods), config.ceilings)
+    report = compute_report(Counts.read(folder / COUNTS_FILE), read_ceilings(config.ceilings))
+    report.write(folder)
+    new = {"table.md": report.tables, CEILINGS_FILE: report.ceilings}
     if (folder / ABLATIONS_COUNTS).is_file():
         ablations = json.loads((folder / ABLATIONS_COUNTS).read_text())
-        (folder / ABLATIONS_FILE).write_text(ablation_table(counts, ablations))
+        new[ABLATIONS_FILE] = ablation_table(report.counts, ablations)
+        (folder / ABLATIONS_FILE).write_text(new[ABLATIONS_FILE])
     for name, text in old.items():
-        readme = readme.replace(text, (folder / name).read_text())
+        readme = readme.replace(text, new.get(name, text))
     (folder / "README.md").write_text(_with_statistics(readme))
     return [folder / name for name in ("README.md", "table.csv", *derived)]
 

@@ -1,9 +1,11 @@
-"""A comparison's report: finished runs in; counts.json, table.md, table.csv and PNG figures out."""
+"""A comparison's report: finished runs in; counts.json, table.md, table.csv, ceilings.md and PNG figures
+out."""
 
 import csv
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ggpo_offline.compare.ceilings import CEILINGS_FILE, ceilings_section
 from ggpo_offline.compare.claims import Claims
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.figures import FIGURES, write_figures
@@ -46,23 +48,81 @@ __all__ = [
     "DIAGNOSTICS_FILE",
     "FIGURES",
     "Counts",
+    "Report",
     "STATISTICS",
     "RunRecord",
     "check_data_plans",
+    "compute_report",
     "load_run",
     "write_report",
     "write_tables",
 ]
 
 
-def write_report(records: list[RunRecord], methods: list[str], seeds: list[int], out: Path) -> Counts:
-    """counts.json and diagnostics.csv, then the tables and figures computed from them, into ``out``."""
+@dataclass(frozen=True)
+class Report:
+    """A comparison's report, computed once from its counts: its files, the README and the terminal summary
+    are each rendered from it, none read back from disk."""
+
+    counts: Counts
+    tables: str
+    """table.md: validation accuracy, end-of-run scores, pairwise differences, variance, Table 5, claims."""
+    rows: tuple[dict, ...]
+    """table.csv's rows (columns: ``tables.CSV_FIELDS``), every number of ``tables``."""
+    ceilings: str = ""
+    """ceilings.md: each method against the pool model's ceilings of selection; empty without a styles
+    report (``--ceilings``) or arith test problems, and then the report has no such file."""
+
+    def write_tables(self, out: Path) -> None:
+        (out / "table.md").write_text(self.tables)
+        with (out / "table.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+            writer.writeheader()
+            writer.writerows(self.rows)
+
+    def write(self, out: Path) -> None:
+        """table.md, table.csv and ceilings.md, which is removed when empty so that a report never shows
+        another comparison's."""
+        self.write_tables(out)
+        if self.ceilings:
+            (out / CEILINGS_FILE).write_text(self.ceilings)
+        else:
+            (out / CEILINGS_FILE).unlink(missing_ok=True)
+
+
+def compute_report(counts: Counts, styles: dict | None = None) -> Report:
+    """The tables from the counts alone (so counts.json reproduces them) and, given ``styles`` (a
+    ``ggpo measure-styles --json`` report of the pool's model), the methods against its ceilings."""
+    scores, methods = Scores(counts), list(counts.methods)
+    sections = [accuracy_section(scores, methods, scope) for scope in counts.scopes("validation")]
+    for end, title in ends(scores):
+        sections += [
+            end_section(scores, methods, replace(end, scope=s), title) for s in counts.scopes(end.split)
+        ]
+    sections += [
+        pairwise_section(scores, methods),
+        variance_section(scores, methods),
+        table5_section(scores, methods, headline(scores, "validation")),
+        Claims(scores, methods).section(),
+    ]
+    tables = "\n".join(line for lines, _ in sections for line in lines)
+    rows = tuple(row for _, rows in sections for row in rows)
+    ceilings = "" if styles is None else "\n".join(ceilings_section(scores, methods, styles))
+    return Report(counts, tables, rows, ceilings)
+
+
+def write_report(
+    records: list[RunRecord], methods: list[str], seeds: list[int], out: Path, styles: dict | None = None
+) -> Report:
+    """counts.json and diagnostics.csv, then the report computed from the counts (`compute_report`) and the
+    figures, into ``out``."""
     counts = Counts.from_records(records, methods, seeds)
     counts.write(out / COUNTS_FILE)
     write_diagnostics(records, out / DIAGNOSTICS_FILE)
-    write_tables(counts, out)
+    report = compute_report(counts, styles)
+    report.write(out)
     write_figures(records, Scores(counts), methods, out)
-    return counts
+    return report
 
 
 def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str, ...] = ()) -> None:
@@ -82,22 +142,6 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
 def write_tables(counts: Counts, out: Path) -> str:
     """table.md and table.csv into ``out``, from the counts alone (so counts.json reproduces them); returns
     the markdown."""
-    scores, methods = Scores(counts), list(counts.methods)
-    sections = [accuracy_section(scores, methods, scope) for scope in counts.scopes("validation")]
-    for end, title in ends(scores):
-        sections += [
-            end_section(scores, methods, replace(end, scope=s), title) for s in counts.scopes(end.split)
-        ]
-    sections += [
-        pairwise_section(scores, methods),
-        variance_section(scores, methods),
-        table5_section(scores, methods, headline(scores, "validation")),
-        Claims(scores, methods).section(),
-    ]
-    text = "\n".join(line for lines, _ in sections for line in lines)
-    (out / "table.md").write_text(text)
-    with (out / "table.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(row for _, rows in sections for row in rows)
-    return text
+    report = compute_report(counts)
+    report.write_tables(out)
+    return report.tables

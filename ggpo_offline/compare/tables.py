@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.counts import BASE, SELECTED, SUITE
 from ggpo_offline.compare.paired import MEAN, At, Cell, Scores
+from ggpo_offline.core import markdown
 from ggpo_offline.train.learners import learner
 
 MARK = "†"
@@ -128,22 +129,24 @@ def accuracy_section(scores: Scores, methods: list[str], scope: str) -> tuple[li
     """mean@n on validation at every evaluated update (the paper's Figure 4, left), ranked row by row."""
     counts = scores.counts
     n, seeds = counts.n["validation"], ", ".join(map(str, counts.seeds))
+    table_rows, rows = [], []
+    for update in counts.updates("validation"):
+        at = At("validation", scope, update)
+        ranked, cells = rank(scores, methods, at), {m: scores.cell(m, at) for m in methods}
+        table_rows.append([update, *(ranked.mark(m, cells[m].text()) for m in methods)])
+        rows += [_ranked_row("accuracy", at, m, f"mean@{n}", cells[m], ranked, update) for m in methods]
+    final = At("validation", scope, counts.final("validation"))
     lines = [
         f"### Validation accuracy: mean@{n} (%) on {_what(scope, 'validation')}, mean ± sample std over"
         f" seeds {seeds}",
         "",
-        "| update | " + " | ".join(display(m) for m in methods) + " |",
-        "|---:|" + "---:|" * len(methods),
+        *markdown.table(["update", *map(display, methods)], table_rows, "r" * (1 + len(methods))),
+        "",
+        MARK_NOTE.format(where="row", pairs=_pairs(methods)),
+        "",
+        mde_line(scores, methods, final),
+        "",
     ]
-    rows = []
-    for update in counts.updates("validation"):
-        at = At("validation", scope, update)
-        ranked, cells = rank(scores, methods, at), {m: scores.cell(m, at) for m in methods}
-        lines.append(f"| {update} | " + " | ".join(ranked.mark(m, cells[m].text()) for m in methods) + " |")
-        rows += [_ranked_row("accuracy", at, m, f"mean@{n}", cells[m], ranked, update) for m in methods]
-    final = At("validation", scope, counts.final("validation"))
-    note = MARK_NOTE.format(where="row", pairs=_pairs(methods))
-    lines += ["", note, "", mde_line(scores, methods, final), ""]
     return lines, rows
 
 
@@ -175,15 +178,9 @@ def end_section(scores: Scores, methods: list[str], end: At, title: str) -> tupl
     n, base = counts.n[end.split], counts.has_base(end.split)
     keys = [MEAN] + [f"pass@{k}" for k in counts.ks[end.split]]
     headers = [f"mean@{n}" if key == MEAN else key for key in keys] + ([f"gain in mean@{n}"] if base else [])
-    lines = [
-        f"### {title} on {_what(end.scope, end.split)} (%)",
-        "",
-        "| method | update | " + " | ".join(headers) + " |",
-        "|---|---:|" + "---:|" * len(headers),
-    ]
     ranked = {key: rank(scores, methods, end, key) for key in keys}
     base_at = At(end.split, end.scope, 0)
-    rows = []
+    table_rows, rows = [], []
     for method in ([BASE] if base else []) + methods:
         at = base_at if method == BASE else end
         updates = counts.checkpoints(method, at.checkpoint)
@@ -195,12 +192,17 @@ def end_section(scores: Scores, methods: list[str], end: At, title: str) -> tupl
             gain = Cell(tuple(a - b for a, b in zip(cells[MEAN].values, base_values, strict=True)))
             texts.append(gain.text())
             rows.append(csv_row("end", at, method, f"gain in mean@{n}", cell=gain, update=update))
-        lines.append(f"| {display(method)} | {update.replace(' ', ', ')} | " + " | ".join(texts) + " |")
+        table_rows.append([display(method), update.replace(" ", ", "), *texts])
         for key, header in zip(keys, headers, strict=False):
             if method == BASE:
                 rows.append(csv_row("end", at, method, header, cell=cells[key], update=update))
             else:
                 rows.append(_ranked_row("end", at, method, header, cells[key], ranked[key], update))
+    lines = [
+        f"### {title} on {_what(end.scope, end.split)} (%)",
+        "",
+        *markdown.table(["method", "update", *headers], table_rows, "lr" + "r" * len(headers)),
+    ]
     if not base:
         lines += ["", f"The base model was not evaluated on {end.split}, so no gain over it is shown."]
     lines += [
@@ -233,26 +235,21 @@ def table5_section(scores: Scores, methods: list[str], scope: str) -> tuple[list
     its update, the final value and the decline (peak − final) with its paired interval."""
     counts = scores.counts
     n, updates, final = counts.n["validation"], counts.updates("validation"), counts.final("validation")
-    lines = [
-        f"### The paper's Table 5 layout: validation mean@{n} (%) on {_what(scope, 'validation')}",
-        "",
-        "| method | " + " | ".join(map(str, updates)) + " | peak | at update | final | decline [95 % CI] |",
-        "|---|" + "---:|" * (len(updates) + 4),
-    ]
     peaks, declines = validation_declines(scores, methods, scope)
-    rows = []
+    table_rows, rows = [], []
     for method, decline in zip(methods, declines, strict=True):
         peak = peaks[method]
         cells = [scores.cell(method, At("validation", scope, u)).text() for u in updates]
         peak_cell = scores.cell(method, At("validation", scope, peak)).text()
         final_cell = scores.cell(method, At("validation", scope, final)).text()
-        lines.append(
-            f"| {display(method)} | " + " | ".join(cells) + f" | {peak_cell} | {peak} | {final_cell} |"
-            f" {decline.interval.text()} |"
-        )
+        table_rows.append([display(method), *cells, peak_cell, peak, final_cell, decline.interval.text()])
         row = csv_row("decline", At("validation", scope, "peak − final"), method, f"mean@{n}", judged=decline)
         rows.append(row | {"update": f"{peak} − {final}", "versus": method})
-    lines += [
+    header = ["method", *updates, "peak", "at update", "final", "decline [95 % CI]"]
+    lines = [
+        f"### The paper's Table 5 layout: validation mean@{n} (%) on {_what(scope, 'validation')}",
+        "",
+        *markdown.table(header, table_rows, "l" + "r" * (len(updates) + 4)),
         "",
         f"Peak: the highest seed-mean over the {len(updates)} evaluations (the earliest among equals);"
         " decline: peak − final, paired by seed and problem. A maximum over evaluations is biased upward,"

@@ -13,6 +13,7 @@ from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
 from ggpo_offline.compare.runs import validation_counts
 from ggpo_offline.compare.tables import display, interval_verdict, rate_text
+from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.learners import METHODS
 from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
@@ -119,12 +120,7 @@ def tuning_tables(sweep: dict) -> str:
     lrs = sorted({lr for by_lr in runs.values() for lr in by_lr}, key=float)
     chosen = chosen_rates(sweep)
     seed = sweep["settings"]["seed"]
-    lines = [
-        f"### Validation mean@{n} (%) at each run's selected checkpoint (update), seed {seed}",
-        "",
-        "| learner | " + " | ".join(f"lr {lr}" for lr in lrs) + " | chosen | chosen − runner-up [95 %] |",
-        "|---|" + "---:|" * len(lrs) + "---:|---|",
-    ]
+    table_rows = []
     for method, by_lr in runs.items():
         best = rate_text(chosen[method])
         cells = []
@@ -137,8 +133,12 @@ def tuning_tables(sweep: dict) -> str:
             cells.append(f"**{cell}**" if lr == best else cell)
         edge = " (grid edge)" if best in (lrs[0], lrs[-1]) and len(lrs) > 2 else ""
         margin = _margin(by_lr, best, n)
-        lines.append(f"| {display(method)} | " + " | ".join(cells) + f" | {best}{edge} | {margin} |")
-    lines += [
+        table_rows.append([display(method), *cells, f"{best}{edge}", margin])
+    header = ["learner", *(f"lr {lr}" for lr in lrs), "chosen", "chosen − runner-up [95 %]"]
+    lines = [
+        f"### Validation mean@{n} (%) at each run's selected checkpoint (update), seed {seed}",
+        "",
+        *markdown.table(header, table_rows, "l" + "r" * (len(lrs) + 1) + "l"),
         "",
         "The chosen rate is the one whose run reaches the highest validation mean@n at its selected"
         " checkpoint (the smaller rate among equals): the higher validation mean, not a resolved difference."
@@ -151,16 +151,14 @@ def tuning_tables(sweep: dict) -> str:
         "",
     ]
     updates = sorted({int(u) for by_lr in runs.values() for ev in by_lr.values() for u in ev})
-    lines += [
-        "| learner | lr | " + " | ".join(map(str, updates)) + " |",
-        "|---|---:|" + "---:|" * len(updates),
-    ]
+    table_rows = []
     for method, by_lr in runs.items():
         for lr in sorted(by_lr, key=float):
             means = [
                 f"{_points(by_lr[lr][str(u)], n).mean():.2f}" if str(u) in by_lr[lr] else "–" for u in updates
             ]
-            lines.append(f"| {display(method)} | {lr} | " + " | ".join(means) + " |")
+            table_rows.append([display(method), lr, *means])
+    lines += markdown.table(["learner", "lr", *updates], table_rows, "lr" + "r" * len(updates))
     return "\n".join(lines + [""])
 
 

@@ -5,6 +5,12 @@ import statistics
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.paired import Scores
 from ggpo_offline.compare.pairwise import end_places
+from ggpo_offline.core import markdown
+
+COLUMNS = (
+    "at", "seeds (runs)", "problems", "run × problem", "sampling", "± now", "± 2× seeds", "± 2× problems",
+    "± 2× samples",
+)  # fmt: skip
 
 
 def variance_section(scores: Scores, methods: list[str]) -> tuple[list[str], list[dict]]:
@@ -23,11 +29,8 @@ def variance_section(scores: Scores, methods: list[str]) -> tuple[list[str], lis
         " median over the pairs of the 95 % interval's half-width (t on seeds − 1 df times the standard"
         " error from the same components), now and with twice the seeds, problems or samples per problem.",
         "",
-        "| at | seeds (runs) | problems | run × problem | sampling | ± now | ± 2× seeds | ± 2× problems |"
-        " ± 2× samples |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    gains = {}
+    gains, table_rows = {}, []
     for at, label in end_places(scores):
         found = [judged.interval for judged in scores.pairs(methods, at).values()]
         problems = found[0].problems
@@ -43,8 +46,8 @@ def variance_section(scores: Scores, methods: list[str]) -> tuple[list[str], lis
         cells = ["–" if seeds < stats.MIN_SEEDS else f"{100 * mean_share[0]:.0f} %"]
         cells += [f"{100 * share:.0f} %" for share in mean_share[1:]]
         cells += ["–" if e is None else f"{e:.2f}" for e in errors.values()]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines += ["", _remedy(gains, seeds), ""]
+        table_rows.append([label, *cells])
+    lines += [*markdown.table(COLUMNS, table_rows, "l" + "r" * 8), "", _remedy(gains, seeds), ""]
     return lines, []
 
 

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.organism.styles import prompt_class
 
@@ -33,15 +34,8 @@ def measured_section(report: dict, command: str) -> str:
         "",
         "Response length in tokens when the style is forced (without `<eos>`; one token per character):",
         "",
-        "| style | class | mean | median | p90 | max |",
-        "|---|---|---:|---:|---:|---:|",
+        *_length_rows(report),
     ]
-    for style, per_class in report["lengths"].items():
-        for name, summary in per_class.items():
-            lines.append(
-                f"| {style} | {name} | {summary['mean']:.0f} | {summary['median']} | {summary['p90']} | "
-                f"{summary['max']} |"
-            )
     return "\n".join(lines) + "\n"
 
 
@@ -49,25 +43,21 @@ def _ceiling_rows(report: dict) -> list[str]:
     blind, aware = report["prompt_blind_ceiling"], report["prompt_aware_ceiling"]
     m = report["m"]
     aware_styles = ", ".join(f"{style} on {name}" for name, style in aware["styles"].items())
-    return [
-        "| | |",
-        "|---|---:|",
-        f"| base model, mean@{m} (pass@{m} {_percent(report['pass_at_m'])}) "
-        f"| **{_percent(report['accuracy'])}** |",
-        f"| prompt-blind ceiling ({blind['style']} everywhere, forced) | **{_percent(blind['accuracy'])}** |",
-        f"| prompt-aware ceiling ({aware_styles}, forced) | **{_percent(aware['accuracy'])}** |",
-        f"| gap | {100 * (aware['accuracy'] - blind['accuracy']):.1f} points |",
+    rows = [
+        (
+            f"base model, mean@{m} (pass@{m} {_percent(report['pass_at_m'])})",
+            f"**{_percent(report['accuracy'])}**",
+        ),
+        (f"prompt-blind ceiling ({blind['style']} everywhere, forced)", f"**{_percent(blind['accuracy'])}**"),
+        (f"prompt-aware ceiling ({aware_styles}, forced)", f"**{_percent(aware['accuracy'])}**"),
+        ("gap", f"{100 * (aware['accuracy'] - blind['accuracy']):.1f} points"),
     ]
+    return markdown.table(None, rows, "lr")
 
 
 def _class_rows(report: dict) -> list[str]:
     styles = list(report["forced"])
-    lines = [
-        "| class | problems | accuracy | "
-        + " | ".join(f"{name}: share / acc. / forced" for name in styles)
-        + " |",
-        "|---|---:|---:|" + "---:|" * len(styles),
-    ]
+    rows = []
     parts = [(name, scores, report["forced_by_class"]) for name, scores in report["by_class"].items()]
     for name, scores, forced in parts + [
         ("all", report["styles"] | {"problems": report["n_problems"]}, None)
@@ -78,23 +68,30 @@ def _class_rows(report: dict) -> list[str]:
             f"**{_percent(report['forced'][style] if forced is None else forced[style][name])}**"
             for style in styles
         ]
-        lines.append(f"| {name} | {scores['problems']} | {_percent(accuracy)} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append([name, scores["problems"], _percent(accuracy), *cells])
+    header = ["class", "problems", "accuracy", *(f"{name}: share / acc. / forced" for name in styles)]
+    return markdown.table(header, rows, "lrr" + "r" * len(styles))
 
 
 def _level_rows(report: dict) -> list[str]:
     styles = list(report["forced"])
-    lines = [
-        "| level | class | accuracy | " + " | ".join(styles) + " |",
-        "|---|---|---:|" + "---:|" * len(styles),
-    ]
+    rows = []
     for level, scores in report["by_level"].items():
         cells = [
             f"{_percent(scores[style]['share'])} / {_percent(scores[style]['accuracy'])}" for style in styles
         ]
         part = prompt_class(int(level))
-        lines.append(f"| {level} | {part} | {_percent(scores['accuracy'])} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append([level, part, _percent(scores["accuracy"]), *cells])
+    return markdown.table(["level", "class", "accuracy", *styles], rows, "llr" + "r" * len(styles))
+
+
+def _length_rows(report: dict) -> list[str]:
+    rows = [
+        [style, name, f"{summary['mean']:.0f}", summary["median"], summary["p90"], summary["max"]]
+        for style, per_class in report["lengths"].items()
+        for name, summary in per_class.items()
+    ]
+    return markdown.table(["style", "class", "mean", "median", "p90", "max"], rows, "llrrrr")
 
 
 def check_card(card: Path, forced: bool) -> str:

@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 
 PAPER_REF_REFRESH = 160
@@ -262,11 +263,16 @@ def _refresh_cell(entry: Learner) -> str:
 def markdown_table() -> str:
     """The learner table of README.md, one row per registry entry (`python -m ggpo_offline.train.learners`
     writes it between the README's markers)."""
-    lines = [
-        "| method | label | update | hyperparameters | references (schedule) | refreshes π_ref by default | "
-        "defined in |",
-        "|---|---|---|---|---|---|---|",
+    header = [
+        "method",
+        "label",
+        "update",
+        "hyperparameters",
+        "references (schedule)",
+        "refreshes π_ref by default",
+        "defined in",
     ]
+    rows = []
     for entry in REGISTRY:
         cells = [
             f"`{entry.name}`",
@@ -277,8 +283,8 @@ def markdown_table() -> str:
             _refresh_cell(entry),
             entry.formula,
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return "\n".join(markdown.table(header, rows)) + "\n"
 
 
 def with_learner_table(readme: str) -> str:
