@@ -18,16 +18,13 @@ from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.compare.readme import train_command
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import TrainConfig, resolve_config
+from ggpo_offline.train.learner_table import README_BEGIN, README_END, markdown_table, with_learner_table
 from ggpo_offline.train.learners import (
     NON_NEGATIVE,
     POSITIVE,
-    README_BEGIN,
-    README_END,
     REGISTRY,
     SETTINGS,
     learner,
-    markdown_table,
-    with_learner_table,
 )
 
 VALID = {
@@ -162,6 +159,7 @@ def test_each_runs_train_command_is_accepted_when_a_shared_config_file_sets_othe
         words = shlex.split(train_command(run, config))
         assert "--config" not in words
         with (
+            mock.patch("ggpo_offline.train.inputs.read_inputs"),  # no pool: the settings are the point
             mock.patch("ggpo_offline.train.trainer.train", capture),
             mock.patch("ggpo_cli.render.print_training_result"),
         ):
@@ -204,7 +202,9 @@ def test_the_readme_learner_table_is_the_registrys():
     readme = (REPO / "README.md").read_text()
     assert readme.count(README_BEGIN) == 1 and readme.count(README_END) == 1
     block = readme.split(README_BEGIN)[1].split(README_END)[0]
-    assert block == "\n" + markdown_table(), "run `python -m ggpo_offline.train.learners` to regenerate it"
+    assert block == "\n" + markdown_table(), (
+        "run `python -m ggpo_offline.train.learner_table` to regenerate it"
+    )
 
 
 def test_the_table_has_a_row_per_learner_with_its_facts():
@@ -227,7 +227,9 @@ def test_the_generator_rewrites_only_the_block(tmp_path):
     assert with_learner_table(rewritten) == rewritten
     path = tmp_path / "README.md"
     path.write_text(readme)
-    subprocess.run([sys.executable, "-m", "ggpo_offline.train.learners", str(path)], check=True, cwd=REPO)
+    subprocess.run(
+        [sys.executable, "-m", "ggpo_offline.train.learner_table", str(path)], check=True, cwd=REPO
+    )
     assert path.read_text() == rewritten
     with pytest.raises(UserError, match="needs one <!-- learners:begin --> line"):
         with_learner_table("# no markers\n")
