@@ -75,7 +75,7 @@ def write_readme(
         "## Pool",
         "",
         f"- file: `{config.pool}`",
-        f"- fingerprint (sha256): `{planned[0].fingerprints['pool_fingerprint']}`",
+        f"- fingerprint (sha256): `{planned[0].fingerprints.pool_fingerprint}`",
         f"- model: `{info.model.name}`, weights sha256 `{info.model.weights_sha256}`",
         f"- dataset: `{info.dataset_spec}`",
         f"- {summary['groups']} groups × m = {info.sampling.m} = {summary['responses']} "
@@ -103,7 +103,7 @@ def write_readme(
             run.action
         ]
         lines.append(
-            f"| {run.config.run_name} | {verb} | `{record.result.get('run_id')}` | `{run.config.run_dir}` |"
+            f"| {run.config.run_name} | {verb} | `{record.result.run_id}` | `{run.config.run_dir}` |"
         )
     lines += [
         "",
