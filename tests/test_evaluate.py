@@ -4,6 +4,7 @@ end-to-end runs on the tiny model (library with the session vLLM engine, CLI wit
 import itertools
 import json
 import math
+import pickle
 from dataclasses import replace
 from fractions import Fraction
 
@@ -163,6 +164,7 @@ WRITTEN_REPORT = """{
 def test_a_written_report_reads_back_typed_and_writes_the_same_bytes():
     report = EvalReport.from_dict(json.loads(WRITTEN_REPORT))
     assert json.dumps(report.to_dict(), indent=2) + "\n" == WRITTEN_REPORT  # keys, order and values
+    assert pickle.loads(pickle.dumps(report)) == report  # as it crosses the remote evaluator's pipe
     bench = report.benchmarks["arith-validation"]
     assert (report.n, report.ks, list(report.benchmarks)) == (8, (1, 4, 8), ["arith-validation", "mini"])
     assert bench.num_problems == 3 and bench.mean_at_n == 0.4583333333333333

@@ -451,6 +451,44 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     )
 
 
+# A result.json as `Run.finish` writes it (a real one's keys, order and values).
+WRITTEN_RESULT = """{
+  "run_id": "f741c37c4f634b2686d317e9dfc53b64",
+  "tracking_uri": "sqlite:////tmp/fresh/mlruns.db",
+  "pool_fingerprint": "6ecaa66fc30ea53f218e8fbaac6c05fbd5cfc594aa6bccaa133a3c2f23cb6d9d",
+  "data_order_fingerprint": "1a88c4f67bbfb3b60e843006cfbf0024a46a88c2d6b672093d24a1ffd7db53f2",
+  "updates": 20,
+  "final_model": "reports/base/runs/agro-s1234/final",
+  "selected_update": 10
+}
+"""
+
+
+def test_result_json_reads_back_typed_writes_the_same_bytes_and_tolerates_missing_keys():
+    from ggpo_offline.train.inputs import Fingerprints
+    from ggpo_offline.train.run import RunResult
+
+    result = RunResult.from_dict(json.loads(WRITTEN_RESULT))
+    assert json.dumps(result.to_dict(), indent=2) + "\n" == WRITTEN_RESULT
+    assert (result.updates, result.selected_update, result.tracking_uri) == (
+        20,
+        10,
+        "sqlite:////tmp/fresh/mlruns.db",
+    )
+    partial = RunResult.from_dict({"selected_update": 5, "pool_fingerprint": "p"})  # older or hand-written
+    assert (partial.selected_update, partial.pool_fingerprint, partial.run_id, partial.updates) == (
+        5,
+        "p",
+        None,
+        None,
+    )
+    # config.json and result.json store the fingerprints under these keys, in this order.
+    stored = Fingerprints(result.pool_fingerprint, result.data_order_fingerprint).to_dict()
+    assert json.dumps(stored) == json.dumps(
+        {"pool_fingerprint": result.pool_fingerprint, "data_order_fingerprint": result.data_order_fingerprint}
+    )
+
+
 def test_checkpoint_selection_reads_validation_only_and_prefers_the_earliest_best():
     from ggpo_offline.evaluate.report import EvalReport
     from ggpo_offline.evaluate.scores import Scores
