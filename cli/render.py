@@ -1,10 +1,14 @@
 """Terminal output of the CLI: progress bars, the pool summary table and the evaluation table."""
 
 import json
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from ggpo_offline.evaluate.report import EvalReport
 
 console = Console(stderr=True)  # progress bars
 stdout = Console(soft_wrap=True)  # results; long paths stay on one line
@@ -156,22 +160,22 @@ class TrainingProgress(_LazyProgress):
         )
         self._report(update + 1, self.updates, info=info)
 
-    def evaluated(self, update: int, report: dict) -> None:
+    def evaluated(self, update: int, report: "EvalReport") -> None:
         """One line per evaluation, above the bar (stderr, like the bar)."""
         console.print(f"eval at update {update}: {eval_line(report)}")
 
 
-def eval_line(report: dict) -> str:
+def eval_line(report: "EvalReport") -> str:
     """``arith-test mean@8 31.2%  pass@8 70.0%`` for every benchmark (and the suite when several)."""
-    n, top_k = report["n"], report["ks"][-1] if report["ks"] else None
-    scopes = dict(report["benchmarks"])
+    top_k = report.ks[-1] if report.ks else None
+    scopes = dict(report.benchmarks)
     if len(scopes) > 1:
-        scopes["suite"] = report["suite"]
+        scopes["suite"] = report.suite
     parts = []
     for name, scores in scopes.items():
-        part = f"{name} mean@{n} {100 * scores['mean@n']:.1f}%"
+        part = f"{name} mean@{report.n} {100 * scores.mean_at_n:.1f}%"
         if top_k is not None and top_k > 1:
-            part += f"  pass@{top_k} {100 * scores[f'pass@{top_k}']:.1f}%"
+            part += f"  pass@{top_k} {100 * scores.pass_at_k[top_k]:.1f}%"
         parts.append(part)
     return "   ".join(parts)
 
@@ -181,7 +185,7 @@ def print_training_result(result) -> None:
     from ggpo_offline.train.run import RunFolder
 
     stdout.print(f"metrics: {RunFolder(result.run_dir).metrics_file}; MLflow run: {result.run_id}")
-    stdout.print(f"data-order fingerprint: {result.data_order_fingerprint}")
+    stdout.print(f"data-order fingerprint: {result.fingerprints.data_order_fingerprint}")
 
 
 class EvalProgress(_LazyProgress):
@@ -199,26 +203,26 @@ class EvalProgress(_LazyProgress):
         )
 
 
-def print_eval_report(report: dict, out=None) -> None:
+def print_eval_report(report: "EvalReport", out=None) -> None:
     """The `eval` table: one row per benchmark and the problem-weighted suite, scores in percent."""
-    settings = report["settings"]
+    settings = report.settings
     s = settings["sampling"]
     title = (
-        f"{settings['model']['name']}: n={report['n']}, temperature={s['temperature']}, top_p={s['top_p']}, "
+        f"{settings['model']['name']}: n={report.n}, temperature={s['temperature']}, top_p={s['top_p']}, "
         f"top_k={s['top_k']}, max_tokens={s['max_tokens']}, seed={s['seed']}"
     )
     table = Table(title=title)
     table.add_column("benchmark")
     table.add_column("problems", justify="right")
-    metrics = ["mean@n"] + [f"pass@{k}" for k in report["ks"]]
-    for metric in metrics:
-        table.add_column(metric.replace("@n", f"@{report['n']}") + " %", justify="right")
-    rows = list(report["benchmarks"].items())
-    for index, (name, scores) in enumerate([*rows, ("suite", report["suite"])]):
+    for metric in [f"mean@{report.n}"] + [f"pass@{k}" for k in report.ks]:
+        table.add_column(metric + " %", justify="right")
+    rows = list(report.benchmarks.items())
+    for index, (name, scores) in enumerate([*rows, ("suite", report.suite)]):
+        values = [scores.mean_at_n, *(scores.pass_at_k[k] for k in report.ks)]
         table.add_row(
             name,
-            f"{scores['num_problems']:,}",
-            *[f"{100 * scores[metric]:.2f}" for metric in metrics],
+            f"{scores.num_problems:,}",
+            *[f"{100 * value:.2f}" for value in values],
             end_section=index == len(rows) - 1,
         )
     stdout.print(table)

@@ -298,8 +298,8 @@ def test_eval_records_each_benchmarks_rule_and_scores_each_under_it(tmp_path, sc
         batch_prompts=8,  # one engine call holds both benchmarks: the rule is chosen per problem
     )
     report = evaluate(config, engine=scripted_engine)
-    assert [set(b["counts"].values()) for b in report["benchmarks"].values()] == [{1}, {3}]
-    reward = report["settings"]["reward"]
+    assert [set(b.counts.values()) for b in report.benchmarks.values()] == [{1}, {3}]
+    reward = report.settings["reward"]
     assert reward["answer_rule_by_benchmark"] == {"arith-test": "number", "mini": "math-verify"}
     assert set(reward["answer_rules"]) == {"math-verify", "number"}
 

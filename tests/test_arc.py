@@ -19,17 +19,16 @@ from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.report import write_tables
 from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.evaluate.scores import aggregate
+from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.run import RunFolder
 
 BASE_MODEL = "models/tiny"
 N = 8  # samples per problem: one more correct answer is +12.5 points on that problem
 
 
-def _scored(report: dict, model: str = BASE_MODEL) -> dict:
-    """An evaluation report as the evaluator writes it: suite scores beside the counts, the model it read."""
-    counts = {name: scores["counts"] for name, scores in report["benchmarks"].items()}
-    return report | aggregate(counts, report["n"], report["ks"]) | {"settings": {"model": {"path": model}}}
+def _scored(report: EvalReport, model: str = BASE_MODEL) -> EvalReport:
+    """An evaluation report naming the model it read, as the evaluator writes it."""
+    return replace(report, settings={"model": {"path": model}})
 
 
 def _run(method: str, seed: int, evals: dict[int, list[int]]) -> RunRecord:
@@ -48,7 +47,7 @@ def _write_run(folder: Path, seed: int, evals: dict[int, list[int]], config: dic
     for path, name, update in reports:
         path.parent.mkdir(parents=True, exist_ok=True)
         model = str(run.checkpoint(update)) if update else BASE_MODEL
-        path.write_text(json.dumps(_scored(_report(name, evals[update], N), model)))
+        path.write_text(json.dumps(_scored(_report(name, evals[update], N), model).to_dict()))
     run.config_file.write_text(json.dumps(config or {}))
     run.metrics_file.write_text(json.dumps({"update": 0, "mismatch/drift": 0.01}) + "\n")
     fingerprints = {"pool_fingerprint": "pool", "data_order_fingerprint": f"plan-{seed}"}
@@ -97,7 +96,7 @@ def test_runs_are_gathered_from_the_parts_seed_major(tmp_path):
         ("ggpo", 1234),
     ]
     assert records[3].run_dir == ggpo_part / "runs" / "ggpo-s1234"
-    assert sorted(records[3].evals) == [0, 4, 8] and records[3].result["selected_update"] == 8
+    assert sorted(records[3].evals) == [0, 4, 8] and records[3].result.selected_update == 8
 
 
 def test_a_run_missing_doubled_or_unfinished_is_refused(tmp_path):
@@ -319,7 +318,7 @@ def test_with_ceilings_the_arc_report_sets_each_method_against_them_and_refuses_
     arith_ids = {"p0": "arith-L1-0", "p1": "arith-L1-1", "p2": "arith-L4-2", "p3": "arith-L4-3"}
     for run in tmp_path.glob("part-*/runs/*"):  # as compare tests the base model too
         base = _scored(_report("arith-test", BASE, N))
-        RunFolder(run).test_report(0).write_text(json.dumps(base))
+        RunFolder(run).test_report(0).write_text(json.dumps(base.to_dict()))
     for path in tmp_path.glob("part-*/runs/*/eval/test/*.json"):  # test problems that name their class
         report = json.loads(path.read_text())
         scores = report["benchmarks"]["arith-test"]

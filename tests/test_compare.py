@@ -12,23 +12,20 @@ from conftest import count_pool_passes, read_metric_series
 from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
 from ggpo_offline.compare.report import FIGURES, Counts, RunRecord, check_data_plans, write_tables
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.train.run import RunResult
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _report(mean: float, pass4: float) -> dict:
-    scores = {"num_problems": 10, "mean@n": mean, "pass@1": mean, "pass@4": pass4}
-    return {"n": 4, "ks": [1, 4], "benchmarks": {"arith-test": dict(scores)}, "suite": dict(scores)}
-
-
-def _record(method: str, seed: int, plan: str = "plan", pool: str = "pool", evals=None) -> RunRecord:
+def _record(method: str, seed: int, plan: str = "plan", pool: str = "pool") -> RunRecord:
+    """A finished run as `check_data_plans` reads it: its result's fingerprints alone."""
     return RunRecord(
         method=method,
         seed=seed,
         run_dir=Path(f"runs/{method}-s{seed}"),
         config={"eval_n": 4},
-        result={"pool_fingerprint": pool, "data_order_fingerprint": plan},
-        evals=evals or {0: _report(0.3, 0.6)},
+        result=RunResult(pool_fingerprint=pool, data_order_fingerprint=plan),
+        evals={},
         metrics=[],
     )
 
@@ -114,7 +111,7 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     # One data plan per seed, shared by both methods and recorded in the README.
     by_seed = {}
     for record in result.records:
-        by_seed.setdefault(record.seed, set()).add(record.result["data_order_fingerprint"])
+        by_seed.setdefault(record.seed, set()).add(record.result.data_order_fingerprint)
     assert {seed: len(prints) for seed, prints in by_seed.items()} == {1: 1, 2: 1}
     assert result.data_plans == {seed: prints.pop() for seed, prints in by_seed.items()}
     readme = (report / "README.md").read_text()
@@ -128,10 +125,10 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     assert "| grpo-s1 |" in differing and "ref_refresh" in differing.splitlines()[2]
 
     # The base model is evaluated once and shared; the table's entries are the seed means of the reports.
-    base_counts = {json.dumps(r.evals[0]["benchmarks"]["arith-validation"]["counts"]) for r in result.records}
+    base_counts = {json.dumps(r.evals[0].benchmarks["arith-validation"].counts) for r in result.records}
     assert len(base_counts) == 1 and sorted(result.records[0].evals) == [0, 2, 4]
     grpo = [
-        r.evals[4]["benchmarks"]["arith-validation"]["mean@n"] * 100
+        r.evals[4].benchmarks["arith-validation"].mean_at_n * 100
         for r in result.records
         if r.method == "grpo"
     ]
@@ -150,9 +147,9 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     # MLflow: one parent, the runs nested under it, eval scores logged at the evaluated updates.
     client = MlflowClient(tracking_uri=uri)
     for record in result.records:
-        run = client.get_run(record.result["run_id"])
+        run = client.get_run(record.result.run_id)
         assert run.data.tags["mlflow.parentRunId"] == result.parent_run_id
-        series = read_metric_series(uri, record.result["run_id"])
+        series = read_metric_series(uri, record.result.run_id)
         assert [step for step, _ in series["eval/arith-validation/mean_at_4"]] == [0, 2, 4]
     artifacts = {a.path for a in client.list_artifacts(result.parent_run_id, "report")}
     assert {"report/table.md", "report/counts.json", "report/figure.png", "report/README.md"} <= artifacts
@@ -172,7 +169,7 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     }  # fmt: skip
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert "seeds 1, 2, 3" in (report / "table.md").read_text()
-    reused_parent = client.get_run(result.records[0].result["run_id"]).data.tags["mlflow.parentRunId"]
+    reused_parent = client.get_run(result.records[0].result.run_id).data.tags["mlflow.parentRunId"]
     assert reused_parent == bigger.parent_run_id
 
     # Other settings never silently replace finished runs; --rerun does, with identical results.

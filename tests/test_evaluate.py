@@ -4,6 +4,7 @@ end-to-end runs on the tiny model (library with the session vLLM engine, CLI wit
 import itertools
 import json
 import math
+import pickle
 from dataclasses import replace
 from fractions import Fraction
 
@@ -14,6 +15,7 @@ from test_cli import assert_one_error_line, ggpo
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.evaluate.evaluator import evaluate, resolve_sampling
+from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.evaluate.scores import aggregate, pass_at_k, reported_ks
 
 
@@ -47,20 +49,139 @@ def test_pass_at_k_edge_cases():
 
 def test_suite_is_problem_weighted_not_the_mean_of_benchmark_means():
     counts = {"A": {"a1": 4, "a2": 0}, "B": {f"b{i}": c for i, c in enumerate([0, 0, 0, 0, 1, 2])}}
-    report = aggregate(counts, n=4, ks=(1, 2, 8))
-    a, b, suite = report["benchmarks"]["A"], report["benchmarks"]["B"], report["suite"]
-    assert (a["num_problems"], b["num_problems"], suite["num_problems"]) == (2, 6, 8)
-    assert a["mean@n"] == pytest.approx(4 / 8, abs=1e-15)
-    assert b["mean@n"] == pytest.approx(3 / 24, abs=1e-15)
-    assert suite["mean@n"] == pytest.approx(7 / 32, abs=1e-15)  # (4 + 0 + 0 + 0 + 0 + 0 + 1 + 2) / (8 * 4)
-    assert suite["mean@n"] != pytest.approx((a["mean@n"] + b["mean@n"]) / 2)  # 0.3125
+    benchmarks, suite = aggregate(counts, n=4, ks=(1, 2, 8))
+    a, b = benchmarks["A"], benchmarks["B"]
+    assert (a.num_problems, b.num_problems, suite.num_problems) == (2, 6, 8)
+    assert a.mean_at_n == pytest.approx(4 / 8, abs=1e-15)
+    assert b.mean_at_n == pytest.approx(3 / 24, abs=1e-15)
+    assert suite.mean_at_n == pytest.approx(7 / 32, abs=1e-15)  # (4 + 0 + 0 + 0 + 0 + 0 + 1 + 2) / (8 * 4)
+    assert suite.mean_at_n != pytest.approx((a.mean_at_n + b.mean_at_n) / 2)  # 0.3125
     # pass@2 with n = 4: c=0 -> 0, c=1 -> 1 - 3/6, c=2 -> 1 - 1/6, c=4 -> 1.
-    assert a["pass@2"] == pytest.approx((1 + 0) / 2, abs=1e-15)
-    assert b["pass@2"] == pytest.approx((1 / 2 + 5 / 6) / 6, abs=1e-15)
-    assert suite["pass@2"] == pytest.approx((1 + 1 / 2 + 5 / 6) / 8, abs=1e-15)
-    assert suite["pass@1"] == suite["mean@n"]
-    assert "pass@8" not in suite and reported_ks((8, 1, 2, 1), 4) == [1, 2]
-    assert a["counts"] == counts["A"]
+    assert a.pass_at_k[2] == pytest.approx((1 + 0) / 2, abs=1e-15)
+    assert b.pass_at_k[2] == pytest.approx((1 / 2 + 5 / 6) / 6, abs=1e-15)
+    assert suite.pass_at_k[2] == pytest.approx((1 + 1 / 2 + 5 / 6) / 8, abs=1e-15)
+    assert suite.pass_at_k[1] == suite.mean_at_n
+    assert list(suite.pass_at_k) == [1, 2] and reported_ks((8, 1, 2, 1), 4) == [1, 2]  # no pass@8 of 4
+    assert a.counts == counts["A"]
+
+
+# An eval/update-*.json as the evaluator writes it (a real report's keys, order and float reprs, counts cut).
+WRITTEN_REPORT = """{
+  "n": 8,
+  "ks": [
+    1,
+    4,
+    8
+  ],
+  "benchmarks": {
+    "arith-validation": {
+      "num_problems": 3,
+      "mean@n": 0.4583333333333333,
+      "pass@1": 0.4583333333333332,
+      "pass@4": 0.9523809523809524,
+      "pass@8": 1.0,
+      "counts": {
+        "arith-L4-4b95582db72c": 5,
+        "arith-L4-49a132f878e2": 3,
+        "arith-L3-9fef915eebde": 3
+      },
+      "dataset": {
+        "spec": "arith:validation",
+        "source": "arith:validation",
+        "sha256": "175a159fa1653b56986e0ecd9379b8c02f7a181e6904de3914cf879113ed183f",
+        "problem_key": null,
+        "answer_key": null,
+        "solution_key": null,
+        "split": "validation",
+        "limit": 3,
+        "seed": 0,
+        "num_problems": 3
+      },
+      "skipped_long_prompts": 0
+    },
+    "mini": {
+      "num_problems": 1,
+      "mean@n": 0.0,
+      "pass@1": 0.0,
+      "pass@4": 0.0,
+      "pass@8": 0.0,
+      "counts": {
+        "mini-0": 0
+      },
+      "dataset": {
+        "spec": "data/mini.jsonl",
+        "num_problems": 1
+      },
+      "skipped_long_prompts": 2
+    }
+  },
+  "suite": {
+    "num_problems": 4,
+    "mean@n": 0.34375,
+    "pass@1": 0.3437499999999999,
+    "pass@4": 0.7142857142857143,
+    "pass@8": 0.75
+  },
+  "settings": {
+    "model": {
+      "path": "/tmp/fresh/ggpo_offline/organism/tiny_model",
+      "name": "embedded:tiny",
+      "weights_sha256": "6a1a1743c863660c5410f07a591f5a44ef6233b1e04929e24a9299d67fc91e31"
+    },
+    "sampling": {
+      "m": 8,
+      "temperature": 1.0,
+      "top_p": 1.0,
+      "top_k": 0,
+      "max_tokens": 384,
+      "seed": 0,
+      "seed_derivation": "per prompt: sha256('{seed}:{prompt_id}'), engine adds the sample index"
+    },
+    "pool": "pools/base.parquet",
+    "engine": {
+      "name": "vllm",
+      "version": "0.32.0"
+    },
+    "dtype": "float32",
+    "reward": {
+      "extraction_rule": "last_boxed",
+      "verifier": null,
+      "timeout_s": 5.0,
+      "timeouts": 0,
+      "errors": 0
+    },
+    "dataset_seed": 0,
+    "tool_version": "0.1.0"
+  },
+  "run": {
+    "created": "2026-12-03T12:35:06+00:00",
+    "seconds": 64.67
+  }
+}
+"""
+
+
+def test_a_written_report_reads_back_typed_and_writes_the_same_bytes():
+    report = EvalReport.from_dict(json.loads(WRITTEN_REPORT))
+    assert json.dumps(report.to_dict(), indent=2) + "\n" == WRITTEN_REPORT  # keys, order and values
+    assert pickle.loads(pickle.dumps(report)) == report  # as it crosses the remote evaluator's pipe
+    bench = report.benchmarks["arith-validation"]
+    assert (report.n, report.ks, list(report.benchmarks)) == (8, (1, 4, 8), ["arith-validation", "mini"])
+    assert bench.num_problems == 3 and bench.mean_at_n == 0.4583333333333333
+    assert bench.pass_at_k == {1: 0.4583333333333332, 4: 0.9523809523809524, 8: 1.0}
+    assert bench.counts["arith-L4-4b95582db72c"] == 5 and report.benchmarks["mini"].skipped_long_prompts == 2
+    assert report.suite.num_problems == 4 and report.suite.pass_at_k[8] == 0.75
+    assert report.settings["model"]["name"] == "embedded:tiny" and report.run["seconds"] == 64.67
+    benchmarks, suite = aggregate({name: b.counts for name, b in report.benchmarks.items()}, 8, (1, 4, 8))
+    assert suite == report.suite  # the scores are those the evaluator computes from the counts
+    assert benchmarks == {
+        name: replace(b, dataset=None, skipped_long_prompts=None) for name, b in report.benchmarks.items()
+    }
+    # Scores computed from counts alone (no dataset recorded) round-trip without those keys.
+    benchmarks, suite = aggregate({"b": {"p": 1}}, 2, (1, 2))
+    alone = EvalReport(2, (1, 2), benchmarks, suite, settings={}, run={}).to_dict()
+    assert list(alone["benchmarks"]["b"]) == ["num_problems", "mean@n", "pass@1", "pass@2", "counts"]
+    assert EvalReport.from_dict(alone).to_dict() == alone
 
 
 def test_sampling_settings_come_from_the_pool_unless_given(tmp_path):
@@ -120,26 +241,26 @@ def test_evaluate_end_to_end_with_vllm(vllm_engine, tmp_path):
     seen = []
     report = evaluate(config, engine=vllm_engine, on_progress=lambda p: seen.append(p.problems_done))
     assert seen == [4, 6]
-    assert json.loads(config.out.read_text()) == report
-    assert list(report["benchmarks"]) == ["arith-test", "mini"] and report["ks"] == [1, 2, 4]
+    assert config.out.read_text() == json.dumps(report.to_dict(), indent=2) + "\n"
+    assert EvalReport.from_dict(json.loads(config.out.read_text())) == report
+    assert list(report.benchmarks) == ["arith-test", "mini"] and report.ks == (1, 2, 4)
     sizes = {"arith-test": 4, "mini": 2}
-    for name, bench in report["benchmarks"].items():
-        counts = bench["counts"]
-        assert len(counts) == bench["num_problems"] == sizes[name]
+    for name, bench in report.benchmarks.items():
+        counts = bench.counts
+        assert len(counts) == bench.num_problems == sizes[name]
         assert all(isinstance(c, int) and 0 <= c <= 4 for c in counts.values())
-        assert bench["mean@n"] == pytest.approx(sum(counts.values()) / (4 * len(counts)), abs=1e-12)
-        assert bench["pass@1"] == pytest.approx(bench["mean@n"], abs=1e-12)
-        assert bench["mean@n"] <= bench["pass@2"] <= bench["pass@4"]
-    recomputed = aggregate(
-        {k: b["counts"] for k, b in report["benchmarks"].items()}, report["n"], report["ks"]
-    )
-    assert recomputed["suite"] == report["suite"] and report["suite"]["num_problems"] == 6
-    settings = report["settings"]
+        assert bench.mean_at_n == pytest.approx(sum(counts.values()) / (4 * len(counts)), abs=1e-12)
+        assert bench.pass_at_k[1] == pytest.approx(bench.mean_at_n, abs=1e-12)
+        assert bench.mean_at_n <= bench.pass_at_k[2] <= bench.pass_at_k[4]
+        assert bench.dataset is not None and bench.skipped_long_prompts == 0
+    _, suite = aggregate({k: b.counts for k, b in report.benchmarks.items()}, report.n, report.ks)
+    assert suite == report.suite and report.suite.num_problems == 6
+    settings = report.settings
     assert settings["engine"]["name"] == "vllm" and len(settings["model"]["weights_sha256"]) == 64
     assert settings["sampling"]["m"] == 4 and settings["sampling"]["max_tokens"] == 64
 
     again = evaluate(replace(config, out=None), engine=vllm_engine)  # the engine was left running
-    assert {k: v for k, v in again.items() if k != "run"} == {k: v for k, v in report.items() if k != "run"}
+    assert replace(again, run={}) == replace(report, run={})
 
 
 def test_a_lent_protocol_matches_a_fresh_evaluation_and_shares_its_results(vllm_engine, tiny_dir, tmp_path):
@@ -155,20 +276,20 @@ def test_a_lent_protocol_matches_a_fresh_evaluation_and_shares_its_results(vllm_
     with Evaluator(validation, vllm_engine) as lender:
         first = lender.evaluate(tiny_dir)
         with lender.lend(test) as lent:
-            assert lent.evaluate(tiny_dir)["benchmarks"] == fresh["benchmarks"]
+            assert lent.evaluate(tiny_dir).benchmarks == fresh.benchmarks
         calls = []
         original = vllm_engine.generate
         vllm_engine.generate = lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
         try:
             with lender.lend(test) as again:
-                assert again.evaluate(tiny_dir)["benchmarks"] == fresh["benchmarks"]
+                assert again.evaluate(tiny_dir).benchmarks == fresh.benchmarks
             assert calls == []  # served from the first lent evaluation
             with lender.lend(replace(test, n=2)) as other:  # another protocol samples afresh
                 other.evaluate(tiny_dir)
             assert calls
         finally:
             vllm_engine.generate = original
-        assert lender.evaluate(tiny_dir)["benchmarks"] == first["benchmarks"]
+        assert lender.evaluate(tiny_dir).benchmarks == first.benchmarks
 
 
 def test_eval_command_with_the_hf_engine(tmp_path):

@@ -112,7 +112,7 @@ def test_compare_plans_the_inputs_train_reads(tmp_path):
         assert inputs.info == read_pool_info(pool) and inputs.temperature == 1.0
         index = index_pool(pool)
         assert (plan_data(run.config, index, pool_fingerprint(pool)).plan == inputs.plan).all()
-    by_seed = {run.config.seed: run.fingerprints["data_order_fingerprint"] for run in planned}
+    by_seed = {run.config.seed: run.fingerprints.data_order_fingerprint for run in planned}
     assert len(set(by_seed.values())) == 2  # the seed, not the method, chooses the plan
     assert planned[0].fingerprints == planned[1].fingerprints
     train_like = TrainConfig(pool=pool, seed=2, updates=2, groups_per_batch=3, allow_tokenizer_mismatch=True)

@@ -14,18 +14,23 @@ from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, FIGURES, RunRecord, write_report, write_tables
 from ggpo_offline.compare.stats import holm
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.evaluate.scores import aggregate
+from ggpo_offline.train.run import RunResult
 
 REPO = Path(__file__).resolve().parents[1]
 CEILINGS = REPO / "ggpo_offline" / "organism" / "tiny_model" / "styles.json"
 SEEDS = (42, 1234, 2027)
 
 
-def _report(name: str, counts, n: int = 4, ks=(1, 4)) -> dict:
-    return {
-        "n": n,
-        "ks": list(ks),
-        "benchmarks": {name: {"counts": {f"p{i}": int(c) for i, c in enumerate(counts)}}},
-    }
+def _report(name: str, counts, n: int = 4, ks=(1, 4)) -> EvalReport:
+    """One benchmark's evaluation, scored from its per-problem counts (prompt ids p0, p1, ...)."""
+    return _scored({name: {f"p{i}": int(c) for i, c in enumerate(counts)}}, n, ks)
+
+
+def _scored(counts: dict[str, dict[str, int]], n: int, ks) -> EvalReport:
+    benchmarks, suite = aggregate(counts, n, ks)
+    return EvalReport(n, tuple(ks), benchmarks, suite, settings={}, run={})
 
 
 def _record(method, seed, evals, tests=None, selected=None, drift=(), n=4) -> RunRecord:
@@ -35,8 +40,7 @@ def _record(method, seed, evals, tests=None, selected=None, drift=(), n=4) -> Ru
         seed=seed,
         run_dir=Path(f"runs/{method}-s{seed}"),
         config={},
-        result={"pool_fingerprint": "pool", "data_order_fingerprint": "plan"}
-        | ({} if selected is None else {"selected_update": selected}),
+        result=RunResult(pool_fingerprint="pool", data_order_fingerprint="plan", selected_update=selected),
         evals={u: _report("arith-validation", c, n) for u, c in evals.items()},
         metrics=[{"update": u, "mismatch/drift": d} for u, d in enumerate(drift)],
         tests={u: _report("arith-test", c, n) for u, c in (tests or {}).items()},
@@ -289,14 +293,14 @@ def test_counts_round_trip_and_recompute_the_tables_byte_for_byte(tmp_path):
     counts = write_report(records, list(PAPER_LIKE), list(SEEDS), tmp_path / "written").counts
     again = Counts.read(tmp_path / "written" / COUNTS_FILE)
     assert again == counts
-    assert again.selected[("ggpo", 42)] == records[-3].result["selected_update"]
+    assert again.selected[("ggpo", 42)] == records[-3].result.selected_update
     assert again.drift[("grpo", 1234)][-1] == (39, 0.0139)
     with (tmp_path / "written" / DIAGNOSTICS_FILE).open() as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == sum(len(r.metrics) for r in records)
     last = next(r for r in rows if (r["method"], r["seed"], r["update"]) == ("grpo", "1234", "39"))
     assert float(last["mismatch/drift"]) == pytest.approx(0.0139) and last["mismatch/ess"] == ""  # not logged
-    agro_1234 = records[7].tests[40]["benchmarks"]["arith-test"]["counts"]
+    agro_1234 = records[7].tests[40].benchmarks["arith-test"].counts
     assert again.matrix("agro", "test", "arith-test", 40)[1].tolist() == list(agro_1234.values())
     for name in FIGURES:
         assert (tmp_path / "written" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -328,7 +332,7 @@ def test_runs_that_cannot_be_compared_problem_by_problem_are_refused():
     ):
         Counts.from_records([good[0], _record("ggpo", 1, {0: [1, 2]})], ["grpo", "ggpo"], [1])
     other = _record("ggpo", 1, {0: [1, 2], 4: [3, 2]})
-    other.evals[4]["benchmarks"]["arith-validation"]["counts"] = {"p0": 1, "q1": 2}
+    other.evals[4] = _scored({"arith-validation": {"p0": 1, "q1": 2}}, 4, (1, 4))
     with pytest.raises(
         UserError, match="ggpo-s1 validation update 4: arith-validation was evaluated on other problems"
     ):
@@ -352,7 +356,9 @@ def test_run_folders_are_read_with_their_validation_and_test_evaluations(tmp_pat
         ):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(
-                json.dumps(_report("arith-test" if "test" in path.parts else "arith-validation", counts))
+                json.dumps(
+                    _report("arith-test" if "test" in path.parts else "arith-validation", counts).to_dict()
+                )
             )
         folder.config_file.write_text("{}")
         folder.result_file.write_text(json.dumps({"selected_update": 5, "pool_fingerprint": "p"}))
@@ -375,12 +381,8 @@ def _arith_record(method: str, test_counts: list[int], selected: int = 10, seed:
     """One seed's run on 4 flat (level 1) and 6 nested (level 4) arith test problems, n = 8."""
     ids = [f"arith-L1-{i:012x}" for i in range(4)] + [f"arith-L4-{i:012x}" for i in range(4, 10)]
 
-    def report(split: str, counts: list[int]) -> dict:
-        return {
-            "n": 8,
-            "ks": [1],
-            "benchmarks": {f"arith-{split}": {"counts": dict(zip(ids, counts, strict=True))}},
-        }
+    def report(split: str, counts: list[int]) -> EvalReport:
+        return _scored({f"arith-{split}": dict(zip(ids, counts, strict=True))}, 8, (1,))
 
     base = [4] * 10
     return RunRecord(
@@ -388,7 +390,7 @@ def _arith_record(method: str, test_counts: list[int], selected: int = 10, seed:
         seed=seed,
         run_dir=Path(f"runs/{method}-s{seed}"),
         config={},
-        result={"pool_fingerprint": "pool", "data_order_fingerprint": "plan", "selected_update": selected},
+        result=RunResult(pool_fingerprint="pool", data_order_fingerprint="plan", selected_update=selected),
         evals={0: report("validation", base), selected: report("validation", test_counts)},
         metrics=[],
         tests={0: report("test", base), selected: report("test", test_counts)},

@@ -216,11 +216,12 @@ def test_same_pool_config_and_seed_give_identical_metrics_and_methods_share_the_
     assert first.metrics == second.metrics
     assert _metrics(first.run_dir) == _metrics(second.run_dir)
     grpo = train(_config(vllm_pool, tmp_path, method="grpo", out=tmp_path / "c", updates=1))
-    assert grpo.data_order_fingerprint != first.data_order_fingerprint  # U differs, so does the plan length
+    # U differs, so does the plan length.
+    assert grpo.fingerprints.data_order_fingerprint != first.fingerprints.data_order_fingerprint
     grpo = train(_config(vllm_pool, tmp_path, method="grpo", out=tmp_path / "d"))
-    assert grpo.data_order_fingerprint == first.data_order_fingerprint
+    assert grpo.fingerprints.data_order_fingerprint == first.fingerprints.data_order_fingerprint
     other_seed = train(_config(vllm_pool, tmp_path, seed=7, out=tmp_path / "e"))
-    assert other_seed.data_order_fingerprint != first.data_order_fingerprint
+    assert other_seed.fingerprints.data_order_fingerprint != first.fingerprints.data_order_fingerprint
 
 
 def test_block_ess_is_logged_at_every_block_end_whatever_the_log_interval(vllm_pool, tmp_path, monkeypatch):
@@ -389,8 +390,9 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     from test_cli import ggpo
 
     from ggpo_offline.evaluate.evaluator import Evaluator, evaluate
+    from ggpo_offline.evaluate.report import EvalReport
     from ggpo_offline.train.evaluation import eval_config, selected_update
-    from ggpo_offline.train.run import RunFolder
+    from ggpo_offline.train.run import RunFolder, RunResult
 
     config = _config(
         vllm_pool, tmp_path, eval_every=2, eval_n=4, eval_num_problems=12, eval_ks=(1, 2, 4), lr=2e-3,
@@ -417,13 +419,16 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     assert reports[4]["settings"]["model"]["path"] == str(run / "checkpoints" / "update-000004")
 
     # Test: once, at the end, for the base model, the checkpoint chosen on validation and the final one.
-    selected = folder.read_result()["selected_update"]
-    assert selected == selected_update(reports)
+    selected = folder.read_result().selected_update
+    assert selected == selected_update(folder.read_evals())
     tests = folder.read_tests()
     assert sorted(tests) == sorted({0, selected, 4}) and folder.read_evals().keys() == reports.keys()
-    assert all(
-        list(t["benchmarks"]) == ["arith-test"] and t["suite"]["num_problems"] == 12 for t in tests.values()
-    )
+    assert all(list(t.benchmarks) == ["arith-test"] and t.suite.num_problems == 12 for t in tests.values())
+    # Every file written reads back through its record and writes the same bytes.
+    for path in [*(run / "eval").rglob("*.json"), folder.result_file]:
+        record = RunResult if path == folder.result_file else EvalReport
+        text = path.read_text()
+        assert json.dumps(record.from_dict(json.loads(text)).to_dict(), indent=2) + "\n" == text, path
 
     # A fresh engine loads the final model (update 4's weights, as training saves every model) and scores
     # both splits at once: each prompt's sampling seed depends on the seed and its id alone.
@@ -436,22 +441,61 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     assert done.returncode == 0, done.stderr
     fresh = json.loads(out.read_text())
     assert fresh["benchmarks"]["arith-validation"] == reports[4]["benchmarks"]["arith-validation"]
-    assert fresh["benchmarks"]["arith-test"] == tests[4]["benchmarks"]["arith-test"]
+    assert fresh["benchmarks"]["arith-test"] == tests[4].benchmarks["arith-test"].to_dict()
     assert fresh["benchmarks"]["arith-validation"] != reports[0]["benchmarks"]["arith-validation"]
     assert fresh["settings"]["dtype"] == reports[4]["settings"]["dtype"] == "float32"
     # The borrowed session engine got the embedded model's weights back.
     base = evaluate(eval_config(config, tiny_dir), engine=vllm_engine)
     assert (
-        base["benchmarks"]["arith-validation"]["counts"]
-        == reports[0]["benchmarks"]["arith-validation"]["counts"]
+        base.benchmarks["arith-validation"].counts == reports[0]["benchmarks"]["arith-validation"]["counts"]
+    )
+
+
+# A result.json as `Run.finish` writes it (a real one's keys, order and values).
+WRITTEN_RESULT = """{
+  "run_id": "f741c37c4f634b2686d317e9dfc53b64",
+  "tracking_uri": "sqlite:////tmp/fresh/mlruns.db",
+  "pool_fingerprint": "6ecaa66fc30ea53f218e8fbaac6c05fbd5cfc594aa6bccaa133a3c2f23cb6d9d",
+  "data_order_fingerprint": "1a88c4f67bbfb3b60e843006cfbf0024a46a88c2d6b672093d24a1ffd7db53f2",
+  "updates": 20,
+  "final_model": "reports/base/runs/agro-s1234/final",
+  "selected_update": 10
+}
+"""
+
+
+def test_result_json_reads_back_typed_writes_the_same_bytes_and_tolerates_missing_keys():
+    from ggpo_offline.train.inputs import Fingerprints
+    from ggpo_offline.train.run import RunResult
+
+    result = RunResult.from_dict(json.loads(WRITTEN_RESULT))
+    assert json.dumps(result.to_dict(), indent=2) + "\n" == WRITTEN_RESULT
+    assert (result.updates, result.selected_update, result.tracking_uri) == (
+        20,
+        10,
+        "sqlite:////tmp/fresh/mlruns.db",
+    )
+    partial = RunResult.from_dict({"selected_update": 5, "pool_fingerprint": "p"})  # older or hand-written
+    assert (partial.selected_update, partial.pool_fingerprint, partial.run_id, partial.updates) == (
+        5,
+        "p",
+        None,
+        None,
+    )
+    # config.json and result.json store the fingerprints under these keys, in this order.
+    stored = Fingerprints(result.pool_fingerprint, result.data_order_fingerprint).to_dict()
+    assert json.dumps(stored) == json.dumps(
+        {"pool_fingerprint": result.pool_fingerprint, "data_order_fingerprint": result.data_order_fingerprint}
     )
 
 
 def test_checkpoint_selection_reads_validation_only_and_prefers_the_earliest_best():
+    from ggpo_offline.evaluate.report import EvalReport
+    from ggpo_offline.evaluate.scores import Scores
     from ggpo_offline.train.evaluation import selected_update
 
-    def report(mean: float) -> dict:
-        return {"suite": {"mean@n": mean}}
+    def report(mean: float) -> EvalReport:
+        return EvalReport(4, (1,), {}, Scores(10, mean, {1: mean}), settings={}, run={})
 
     assert selected_update({0: report(0.3), 5: report(0.5), 10: report(0.5), 15: report(0.4)}) == 5
     assert selected_update({0: report(0.6), 5: report(0.5)}) == 0

@@ -168,7 +168,7 @@ def ablation_runs(ablations: dict[str, list[RunRecord]]) -> dict:
             "setting": name,
             "method": record.method,
             "seed": record.seed,
-            "n": record.evals[0]["n"],
+            "n": record.evals[0].n,
             "evaluations": {str(u): merged for u, merged in validation_counts(record).items()},
         }
         for name, records in ablations.items()
@@ -239,7 +239,7 @@ def styles_along(records: list[RunRecord], problems: int, json_out: Path) -> str
     from ggpo_offline.organism.measure import measure_styles
 
     measured: dict[str, dict] = {}
-    initial = Path(records[0].evals[0]["settings"]["model"]["path"])  # what update 0 evaluated
+    initial = Path(records[0].evals[0].settings["model"]["path"])  # what update 0 evaluated
     rows = [("base model", 0, initial), *_checkpoints(records)]
     for label, update, model_dir in rows:
         key = f"{label} @ {update}"
@@ -251,8 +251,8 @@ def styles_along(records: list[RunRecord], problems: int, json_out: Path) -> str
 def _checkpoints(records: list[RunRecord]) -> list[tuple[str, int, Path]]:
     rows = []
     for record in records:
-        selected = record.result.get("selected_update")
-        final = record.result["updates"]
+        selected = record.result.selected_update
+        final = record.result.updates
         for update in sorted({u for u in (selected, final) if u}):
             rows.append((display(record.method), update, RunFolder(record.run_dir).checkpoint(update)))
     return rows

@@ -22,9 +22,10 @@ from ggpo_offline.compare.report import (
 )
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.evaluator import Evaluator
+from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.generate.engines import Engine
 from ggpo_offline.train.config import PER_RUN, TrainConfig, config_for, given_settings, refuse_unread
-from ggpo_offline.train.inputs import plan_data, read_inputs, score_pi0
+from ggpo_offline.train.inputs import Fingerprints, plan_data, read_inputs, score_pi0
 from ggpo_offline.train.learners import learner
 from ggpo_offline.train.plan import CheckedPool, check_pool
 from ggpo_offline.train.run import RunFolder
@@ -63,7 +64,7 @@ class PlannedRun:
 
     config: TrainConfig
     action: str
-    fingerprints: dict
+    fingerprints: Fingerprints
 
     @property
     def verbs(self) -> Verbs:
@@ -127,13 +128,13 @@ def plan(config: CompareConfig, pool: CheckedPool) -> list[PlannedRun]:
     return planned
 
 
-def _action(run: TrainConfig, fingerprints: dict, rerun: bool) -> str:
+def _action(run: TrainConfig, fingerprints: Fingerprints, rerun: bool) -> str:
     folder = RunFolder(run.run_dir)
     if folder.is_empty():
         return "train"
     if rerun:
         return "replace"
-    differing = _differences(folder.read_config(), {**run.to_dict(), **fingerprints})
+    differing = _differences(folder.read_config(), {**run.to_dict(), **fingerprints.to_dict()})
     if differing:
         raise UserError(
             f"{folder.path} holds a run with other settings or another pool ({differing}); pass --rerun to "
@@ -180,7 +181,7 @@ def compare(
     *,
     on_run: Callable[[int, int, PlannedRun], None] | None = None,
     on_update: Callable[[int, dict], None] | None = None,
-    on_eval: Callable[[int, dict], None] | None = None,
+    on_eval: Callable[[int, EvalReport], None] | None = None,
     engine: Engine | None = None,
 ) -> CompareResult:
     """Train (or reuse) every run, check the data plans, and write the report into ``config.report_dir``.
@@ -257,7 +258,7 @@ def _adopt_children(shared: TrainConfig, parent_run_id: str, records: list[RunRe
 
     store = shared.tracking_uri or tracking.default_tracking_uri()
     for record in records:
-        run_id, uri = record.result.get("run_id"), record.result.get("tracking_uri")
+        run_id, uri = record.result.run_id, record.result.tracking_uri
         if run_id is not None and uri == store:
             tracking.set_parent(uri, run_id, parent_run_id)
 

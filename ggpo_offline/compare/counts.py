@@ -57,21 +57,23 @@ class Counts:
             for split, reports in (("validation", record.evals), ("test", record.tests)):
                 for update, report in sorted(reports.items()):
                     where = f"{record.run_dir.name} {split} update {update}"
-                    _agree(n, split, report["n"], where, "samples per problem")
-                    _agree(ks, split, tuple(report["ks"]), where, "pass@k values")
+                    _agree(n, split, report.n, where, "samples per problem")
+                    _agree(ks, split, report.ks, where, "pass@k values")
                     by_benchmark = {}
-                    for name, scores in report["benchmarks"].items():
-                        order = prompts.setdefault(split, {}).setdefault(name, tuple(scores["counts"]))
-                        if set(order) != set(scores["counts"]):
+                    for name, scores in report.benchmarks.items():
+                        order = prompts.setdefault(split, {}).setdefault(name, tuple(scores.counts))
+                        if set(order) != set(scores.counts):
                             raise UserError(
                                 f"{where}: {name} was evaluated on other problems than the first run"
                             )
-                        by_benchmark[name] = tuple(int(scores["counts"][p]) for p in order)
+                        by_benchmark[name] = tuple(int(scores.counts[p]) for p in order)
                     if set(by_benchmark) != set(prompts[split]):
                         raise UserError(f"{where}: evaluated other benchmarks than the first run")
                     correct[(record.method, record.seed, split, update)] = by_benchmark
         selected = {
-            (r.method, r.seed): r.result["selected_update"] for r in records if "selected_update" in r.result
+            (r.method, r.seed): r.result.selected_update
+            for r in records
+            if r.result.selected_update is not None
         }
         drift = {(r.method, r.seed): _drift_series(r.metrics) for r in records}
         counts = cls(tuple(methods), tuple(seeds), n, ks, prompts, correct, selected, drift)

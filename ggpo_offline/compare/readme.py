@@ -52,7 +52,7 @@ def write_readme(
         _heading(config),
         _results(report),
         _statistics(),
-        _pool(config, planned[0].fingerprints["pool_fingerprint"]),
+        _pool(config, planned[0].fingerprints.pool_fingerprint),
         _data_plans(data_plans, records),
         _runs(planned, records, parent_run_id),
         _settings([run.config for run in planned]),
@@ -126,7 +126,7 @@ def _data_plans(data_plans: dict[int, str], records: list[RunRecord]) -> list[st
 
 def _runs(planned, records: list[RunRecord], parent_run_id: str | None) -> list[str]:
     rows = [
-        (run.config.run_name, run.verbs.done, f"`{record.result.get('run_id')}`", f"`{run.config.run_dir}`")
+        (run.config.run_name, run.verbs.done, f"`{record.result.run_id}`", f"`{run.config.run_dir}`")
         for run, record in zip(planned, records, strict=True)
     ]
     return [

@@ -4,7 +4,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.train.run import RunFolder, RunResult
 
 
 @dataclass(frozen=True)
@@ -15,18 +16,21 @@ class RunRecord:
     seed: int
     run_dir: Path
     config: dict
-    result: dict
-    evals: dict[int, dict]
+    """config.json as written: the TrainConfig's settings and the fingerprints. Kept a dict, not a
+    TrainConfig: a run folder written by an older version may hold a setting since removed or lack one since
+    added, and compare still reads it (a missing setting counts as its default when deciding on reuse)."""
+    result: RunResult
+    evals: dict[int, EvalReport]
     """Validation evaluation report per update."""
     metrics: list[dict]
-    tests: dict[int, dict] = field(default_factory=dict)
+    tests: dict[int, EvalReport] = field(default_factory=dict)
     """Test evaluation report per update: the selected and the final checkpoint ({} when not tested)."""
 
 
 def validation_counts(record: RunRecord) -> dict[int, dict[str, int]]:
     """A run's validation evaluations as update -> prompt id -> correct samples, every benchmark merged."""
     return {
-        update: {p: c for scores in report["benchmarks"].values() for p, c in scores["counts"].items()}
+        update: {p: c for scores in report.benchmarks.values() for p, c in scores.counts.items()}
         for update, report in sorted(record.evals.items())
     }
 
@@ -48,16 +52,16 @@ def load_run(run_dir: Path, method: str, seed: int) -> RunRecord:
 
 def check_data_plans(records: list[RunRecord]) -> dict[int, str]:
     """The data-order fingerprint of each seed; UserError when runs of a seed (or the pool) disagree."""
-    pools = {r.result["pool_fingerprint"] for r in records}
+    pools = {r.result.pool_fingerprint for r in records}
     if len(pools) > 1:
         raise UserError(f"the runs were trained on {len(pools)} different pools; refusing to report")
     plans: dict[int, str] = {}
     for record in records:
-        fingerprint = record.result["data_order_fingerprint"]
+        fingerprint = record.result.data_order_fingerprint
         first = plans.setdefault(record.seed, fingerprint)
         if fingerprint != first:
             others = [r for r in records if r.seed == record.seed]
-            listing = ", ".join(f"{r.run_dir.name} {r.result['data_order_fingerprint'][:12]}" for r in others)
+            listing = ", ".join(f"{r.run_dir.name} {r.result.data_order_fingerprint[:12]}" for r in others)
             raise UserError(
                 f"seed {record.seed}: the runs do not share one data plan ({listing}); refusing to report"
             )

@@ -77,7 +77,7 @@ def sweep_counts(records: list[RunRecord], parts: tuple[str, ...]) -> dict:
                 f" ({', '.join(differing)})"
             )
         shared = settings
-        n = record.evals[0]["n"]
+        n = record.evals[0].n
         runs.setdefault(record.method, {})[lr] = {
             str(update): merged for update, merged in validation_counts(record).items()
         }

@@ -17,6 +17,7 @@ from ggpo_offline.core.model_io import (
     weights_sha256,
 )
 from ggpo_offline.evaluate.config import DEFAULT_ARITH_PROBLEMS, EvalConfig
+from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.evaluate.scores import aggregate, reported_ks
 from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
 from ggpo_offline.generate.engines import Engine, SamplingSettings, load_engine
@@ -155,8 +156,8 @@ class Evaluator:
         self,
         model: str | Path | None = None,
         on_progress: Callable[[EvalProgress], None] | None = None,
-    ) -> dict:
-        """The JSON-serializable report of ``model`` (a local folder; None = ``config.model``)."""
+    ) -> EvalReport:
+        """The report of ``model`` (a local folder; None = ``config.model``)."""
         model_dir = resolve_model_dir(self.config.model if model is None else str(model))
         weights = weights_sha256(model_dir)
         self._prepare(model_dir)
@@ -235,9 +236,9 @@ def evaluate(
     config: EvalConfig,
     engine: Engine | None = None,
     on_progress: Callable[[EvalProgress], None] | None = None,
-) -> dict:
+) -> EvalReport:
     """Sample ``n`` responses per problem of every benchmark, score them with the pool's reward and
-    return the JSON-serializable report (also written to ``config.out`` when set).
+    return the report (also written to ``config.out`` when set).
 
     ``engine`` reuses an already started engine, which must hold ``config.model`` (it is left running);
     by default the engine named in ``config`` is started here and closed at the end. Raises UserError on
@@ -248,7 +249,7 @@ def evaluate(
     with Evaluator(config, engine) as evaluator:
         report = evaluator.evaluate(config.model, on_progress)
     if config.out is not None:
-        write_json(report, Path(config.out))
+        write_json(report.to_dict(), Path(config.out))
     return report
 
 
@@ -332,15 +333,17 @@ def _benchmark(name, problems, dataset_meta, rule, tokenizer, template, prompt_l
 
 def _report(
     config, counts, benchmarks, sampling, model_dir, weights, template, described, reward, seconds
-) -> dict:
-    scores = aggregate(counts, config.n, config.ks)
-    for b in benchmarks:
-        scores["benchmarks"][b.name].update(dataset=b.dataset, skipped_long_prompts=b.skipped_long_prompts)
-    return {
-        "n": config.n,
-        "ks": reported_ks(config.ks, config.n),
-        **scores,
-        "settings": {
+) -> EvalReport:
+    scores, suite = aggregate(counts, config.n, config.ks)
+    return EvalReport(
+        n=config.n,
+        ks=tuple(reported_ks(config.ks, config.n)),
+        benchmarks={
+            b.name: replace(scores[b.name], dataset=b.dataset, skipped_long_prompts=b.skipped_long_prompts)
+            for b in benchmarks
+        },
+        suite=suite,
+        settings={
             "model": {
                 "path": str(model_dir),
                 "name": model_name(model_dir),
@@ -358,11 +361,11 @@ def _report(
             "dataset_seed": DATASET_SEED,
             "tool_version": __version__,
         },
-        "run": {
+        run={
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "seconds": round(seconds, 2),
         },
-    }
+    )
 
 
 def _check_report_path(path: Path, overwrite: bool) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from ggpo_offline.core.errors import JobFailure, UserError, how_it_ended, one_line
 from ggpo_offline.core.lifetime import exit_with_parent
 from ggpo_offline.evaluate.config import EvalConfig
+from ggpo_offline.evaluate.report import EvalReport
 
 # What torchrun tells its workers; an engine that sees them (or an initialized process group) joins the
 # training job's collectives and waits forever for ranks that never call them.
@@ -39,9 +40,9 @@ class RemoteEvaluator:
     def pid(self) -> int | None:
         return self._process.pid
 
-    def evaluate(self, model: str | Path, protocol: EvalConfig | None = None) -> dict:
+    def evaluate(self, model: str | Path, protocol: EvalConfig | None = None) -> EvalReport:
         """The report of ``model`` under the process's protocol, or under ``protocol`` on the same engine
-        (`Evaluator.lend`)."""
+        (`Evaluator.lend`); it crosses the pipe pickled, as the same `EvalReport`."""
         return self._ask(("evaluate", protocol, str(model)), f"evaluating {Path(model).name}")
 
     def lend(self, config: EvalConfig) -> "LentRemote":
@@ -98,7 +99,7 @@ class LentRemote:
     def __init__(self, remote: RemoteEvaluator, config: EvalConfig):
         self.remote, self.config = remote, config
 
-    def evaluate(self, model: str | Path) -> dict:
+    def evaluate(self, model: str | Path) -> EvalReport:
         return self.remote.evaluate(model, self.config)
 
     def __enter__(self) -> "LentRemote":
@@ -136,7 +137,7 @@ def _serve(conn, config: EvalConfig) -> None:
             evaluator.close()
 
 
-def _answer(evaluator, kind: str, protocol: EvalConfig | None, model: str | None):
+def _answer(evaluator, kind: str, protocol: EvalConfig | None, model: str | None) -> EvalReport | None:
     if kind == "check":
         return None
     if protocol is None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.evaluate.evaluator import Evaluator, write_json
 from ggpo_offline.evaluate.remote import RemoteEvaluator
+from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.activity import doing
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, wait_for_main
@@ -41,24 +42,22 @@ def eval_due(config: TrainConfig, update: int) -> bool:
     return update % config.eval_every == 0 or update == config.updates
 
 
-def selected_update(evals: dict[int, dict]) -> int:
+def selected_update(evals: dict[int, EvalReport]) -> int:
     """The checkpoint a run reports: the best suite mean@n on validation, the earliest among equals (a later
     update must do better to be chosen)."""
-    return max(sorted(evals), key=lambda update: (evals[update]["suite"]["mean@n"], -update))
+    return max(sorted(evals), key=lambda update: (evals[update].suite.mean_at_n, -update))
 
 
-def eval_metrics(report: dict) -> dict[str, float]:
+def eval_metrics(report: EvalReport) -> dict[str, float]:
     """``eval/<benchmark>/mean_at_<n>`` and ``eval/<benchmark>/pass_at_<k>``, plus ``eval/suite/...``.
 
     MLflow metric names cannot contain ``@``, hence ``mean_at_32`` for mean@32.
     """
-    n = report["n"]
     metrics = {}
-    scopes = {**report["benchmarks"], "suite": report["suite"]}
-    for scope, scores in scopes.items():
-        metrics[f"eval/{scope}/mean_at_{n}"] = scores["mean@n"]
-        for k in report["ks"]:
-            metrics[f"eval/{scope}/pass_at_{k}"] = scores[f"pass@{k}"]
+    for scope, scores in {**report.benchmarks, "suite": report.suite}.items():
+        metrics[f"eval/{scope}/mean_at_{report.n}"] = scores.mean_at_n
+        for k in report.ks:
+            metrics[f"eval/{scope}/pass_at_{k}"] = scores.pass_at_k[k]
     return metrics
 
 
@@ -79,7 +78,7 @@ class CheckpointEvaluations:
         initial_model: Path,
         ranks: Ranks = SINGLE_PROCESS,
         evaluator: Evaluator | None = None,
-        on_eval: Callable[[int, dict], None] | None = None,
+        on_eval: Callable[[int, EvalReport], None] | None = None,
         timeouts: Timeouts = DEFAULT_TIMEOUTS,
     ):
         self.config, self.initial_model, self.ranks, self.on_eval = config, initial_model, ranks, on_eval
@@ -104,7 +103,7 @@ class CheckpointEvaluations:
         if self.ranks.main:
             weights = self.initial_model if update == 0 else folder.checkpoint(update)
             report = self.evaluator.evaluate(weights)
-            write_json(report, folder.eval_report(update))
+            write_json(report.to_dict(), folder.eval_report(update))
             if self.on_eval is not None:
                 self.on_eval(update, report)
             metrics = eval_metrics(report)
@@ -128,7 +127,7 @@ class CheckpointEvaluations:
             with self.evaluator.lend(eval_config(self.config, self.initial_model, test=True)) as test:
                 for update in sorted({0, selected, self.config.updates}):
                     weights = self.initial_model if update == 0 else folder.checkpoint(update)
-                    write_json(test.evaluate(weights), folder.test_report(update))
+                    write_json(test.evaluate(weights).to_dict(), folder.test_report(update))
         wait_for_main(self.ranks)
         return selected
 

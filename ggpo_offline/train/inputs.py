@@ -5,7 +5,7 @@ this module loads torch only inside the functions that need it: a refused compar
 second or two instead of after the imports.
 """
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,13 +30,27 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Fingerprints:
+    """What identifies a run's data: the pool it reads and the order it replays its minibatches in. Runs
+    of one comparison share the pool's, and each seed's runs the data order's."""
+
+    pool_fingerprint: str
+    """`pool_fingerprint` of the pool file or shard directory (sha256)."""
+    data_order_fingerprint: str
+    """`data_order_fingerprint` of the planned minibatches (sha256)."""
+
+    def to_dict(self) -> dict[str, str]:
+        """The two keys as config.json and result.json store them (and the run's MLflow tags)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class DataPlan:
     """The minibatches a run replays and the fingerprints that identify its pool and their order."""
 
     plan: np.ndarray
     """``[U, G]`` group ids: update u trains on the groups ``plan[u]``."""
-    fingerprints: dict
-    """``pool_fingerprint`` and ``data_order_fingerprint``."""
+    fingerprints: Fingerprints
 
 
 @dataclass(frozen=True)
@@ -49,7 +63,7 @@ class RunInputs:
     temperature: float
     """The pool's sampling temperature, which every log-prob of the run uses."""
     plan: np.ndarray
-    fingerprints: dict
+    fingerprints: Fingerprints
 
     @property
     def info(self) -> PoolInfo:
@@ -79,9 +93,7 @@ def plan_data(config: TrainConfig, index: PoolIndex, pool_print: str) -> DataPla
     """The run's minibatches (`plan_minibatches`) on the pool indexed by ``index``, whose
     `pool_fingerprint` is ``pool_print``."""
     plan = plan_minibatches(index, config.seed, config.updates, config.groups_per_batch)
-    return DataPlan(
-        plan, {"pool_fingerprint": pool_print, "data_order_fingerprint": data_order_fingerprint(plan)}
-    )
+    return DataPlan(plan, Fingerprints(pool_print, data_order_fingerprint(plan)))
 
 
 def check_tokenizer(config: TrainConfig, info: PoolInfo, tokenizer) -> None:

@@ -3,15 +3,17 @@ to MLflow together. Reading a finished run (report, compare, CLI) needs only `Ru
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.config import TrainConfig
 
 if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
     from ggpo_offline.train.distributed import Ranks
+    from ggpo_offline.train.inputs import Fingerprints
 
 
 # The names of a run folder's files and of a checkpoint's resume state (also read by `checkpoint`).
@@ -29,9 +31,37 @@ STATE_FILE = "trainer_state.pt"
 FINAL = "final"
 
 
-def _reports_by_update(folder: Path) -> dict[int, dict]:
+def _reports_by_update(folder: Path) -> dict[int, EvalReport]:
     paths = sorted(folder.glob("update-*.json"))
-    return {int(p.stem.removeprefix("update-")): json.loads(p.read_text()) for p in paths}
+    return {
+        int(p.stem.removeprefix("update-")): EvalReport.from_dict(json.loads(p.read_text())) for p in paths
+    }
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """result.json, written last by a finished run (`Run.finish`) and read by compare. A key missing from
+    the file (an older or hand-written one) reads as None; ``to_dict`` writes every key, in this order."""
+
+    run_id: str | None = None
+    """The MLflow run; None when not tracked."""
+    tracking_uri: str | None = None
+    """The MLflow store the run was logged to; None with --no-tracking."""
+    pool_fingerprint: str | None = None
+    data_order_fingerprint: str | None = None
+    updates: int | None = None
+    final_model: str | None = None
+    """The folder of the final weights."""
+    selected_update: int | None = None
+    """The checkpoint the run reports (best validation mean@n, the earliest among equals); None without
+    evaluation."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunResult":
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
 
 
 FLUSH_EVERY = 20
@@ -89,19 +119,19 @@ class RunFolder:
         """The settings and fingerprints the run was started with ({} when it never got that far)."""
         return json.loads(self.config_file.read_text()) if self.config_file.is_file() else {}
 
-    def read_result(self) -> dict:
-        return json.loads(self.result_file.read_text())
+    def read_result(self) -> RunResult:
+        return RunResult.from_dict(json.loads(self.result_file.read_text()))
 
     def read_metrics(self) -> list[dict]:
         if not self.metrics_file.is_file():
             return []
         return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
 
-    def read_evals(self) -> dict[int, dict]:
+    def read_evals(self) -> dict[int, EvalReport]:
         """In-training (validation) evaluation reports by update."""
         return _reports_by_update(self.path / EVAL_FOLDER)
 
-    def read_tests(self) -> dict[int, dict]:
+    def read_tests(self) -> dict[int, EvalReport]:
         """Test evaluation reports by update ({} for a run that evaluated no test split)."""
         return _reports_by_update(self.path / EVAL_FOLDER / TEST_FOLDER)
 
@@ -165,7 +195,7 @@ class Run:
         next_update: int,
         run_id: str | None,
         parent_run_id: str | None,
-        fingerprints: dict,
+        fingerprints: "Fingerprints",
         params: dict,
     ) -> None:
         """Open the tracker (a new run, or the resumed ``run_id``) and take the metric history before
@@ -187,10 +217,11 @@ class Run:
         if run_id is None and self.ranks.main:
             self.tracker.log_params({**config.to_dict(), **params})
             self.tracker.set_tags(
-                {**fingerprints, "ggpo_offline_version": __version__, "method": config.method}
+                {**fingerprints.to_dict(), "ggpo_offline_version": __version__, "method": config.method}
             )
             self.tracker.log_dict(config.to_dict(), CONFIG_FILE)
-            self.folder.config_file.write_text(json.dumps({**config.to_dict(), **fingerprints}, indent=2))
+            stored = {**config.to_dict(), **fingerprints.to_dict()}
+            self.folder.config_file.write_text(json.dumps(stored, indent=2))
 
     @property
     def run_id(self) -> str | None:
@@ -220,7 +251,7 @@ class Run:
         self.history.extend(self.pending)
         self.pending = []
 
-    def finish(self, final: Path, fingerprints: dict, selected_update: int | None = None) -> None:
+    def finish(self, final: Path, fingerprints: "Fingerprints", selected_update: int | None = None) -> None:
         """result.json, written last: the run is complete. ``selected_update``: the checkpoint the run reports
         (best validation score), None without evaluation."""
         from ggpo_offline.core import tracking
@@ -232,12 +263,13 @@ class Run:
                 if self.config.no_tracking
                 else self.config.tracking_uri or tracking.default_tracking_uri()
             )
-            result = {
-                "run_id": self.run_id,
-                "tracking_uri": uri,
-                **fingerprints,
-                "updates": self.config.updates,
-                "final_model": str(final),
-                "selected_update": selected_update,
-            }
-            write_json(result, self.folder.result_file)
+            result = RunResult(
+                run_id=self.run_id,
+                tracking_uri=uri,
+                pool_fingerprint=fingerprints.pool_fingerprint,
+                data_order_fingerprint=fingerprints.data_order_fingerprint,
+                updates=self.config.updates,
+                final_model=str(final),
+                selected_update=selected_update,
+            )
+            write_json(result.to_dict(), self.folder.result_file)

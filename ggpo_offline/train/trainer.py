@@ -14,6 +14,7 @@ from torch import Tensor
 from ggpo_offline.core.errors import JobFailure, UserError
 from ggpo_offline.core.model_io import load_tokenizer
 from ggpo_offline.evaluate.evaluator import Evaluator
+from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.activity import doing, launched_by_ggpo
 from ggpo_offline.train.checkpoint import load_state, resume_point, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
@@ -32,7 +33,7 @@ from ggpo_offline.train.distributed import (
     wrap,
 )
 from ggpo_offline.train.evaluation import CheckpointEvaluations
-from ggpo_offline.train.inputs import CheckedPool, RunInputs, read_inputs, reference_pi0
+from ggpo_offline.train.inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
@@ -49,8 +50,7 @@ class TrainResult:
     run_dir: Path
     final_model: Path
     run_id: str | None
-    pool_fingerprint: str
-    data_order_fingerprint: str
+    fingerprints: Fingerprints
     metrics: list[dict]
 
 
@@ -266,7 +266,7 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     on_update: Callable[[int, dict], None] | None = None,
-    on_eval: Callable[[int, dict], None] | None = None,
+    on_eval: Callable[[int, EvalReport], None] | None = None,
     evaluator: Evaluator | None = None,
     parent_run_id: str | None = None,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
@@ -330,15 +330,7 @@ def train(
                 final = trainer.save(run.folder.final, run.run_id, resumable=False)  # no resume state
             selected = evaluations.test(run.folder)
         run.finish(final, inputs.fingerprints, selected)
-    fingerprints = inputs.fingerprints
-    return TrainResult(
-        run.folder.path,
-        final,
-        run.run_id,
-        fingerprints["pool_fingerprint"],
-        fingerprints["data_order_fingerprint"],
-        run.history,
-    )
+    return TrainResult(run.folder.path, final, run.run_id, inputs.fingerprints, run.history)
 
 
 def _checkpoint_due(config: TrainConfig, evaluations: CheckpointEvaluations, done: int) -> bool:

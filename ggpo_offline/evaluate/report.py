@@ -1,0 +1,47 @@
+"""The evaluation report: what `ggpo eval --out` and training's checkpoint evaluations write
+(``eval/update-*.json``), and what training, compare and the CLI read back, through this one type."""
+
+from dataclasses import dataclass
+
+from ggpo_offline.evaluate.scores import BenchmarkScores, Scores
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """One model evaluated on a suite of benchmarks. ``to_dict`` gives the JSON as written, key for key and
+    in order; ``from_dict`` reads it back (``EvalReport.from_dict(d).to_dict() == d``)."""
+
+    n: int
+    """Samples per problem (the n of mean@n)."""
+    ks: tuple[int, ...]
+    """The pass@k values reported, ascending (those ``<= n``)."""
+    benchmarks: dict[str, BenchmarkScores]
+    """Each benchmark's scores, in the order the datasets were given."""
+    suite: Scores
+    """Every benchmark's problems together, problem-weighted."""
+    settings: dict
+    """Provenance, as written: model (path, name, weights_sha256), sampling, pool, prompt template,
+    engine, dtype, reward, dataset seed and tool version."""
+    run: dict
+    """When it ran, as written: created (ISO time) and seconds."""
+
+    def to_dict(self) -> dict:
+        return {
+            "n": self.n,
+            "ks": list(self.ks),
+            "benchmarks": {name: scores.to_dict() for name, scores in self.benchmarks.items()},
+            "suite": self.suite.to_dict(),
+            "settings": self.settings,
+            "run": self.run,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EvalReport":
+        return cls(
+            n=data["n"],
+            ks=tuple(data["ks"]),
+            benchmarks={name: BenchmarkScores.from_dict(s) for name, s in data["benchmarks"].items()},
+            suite=Scores.from_dict(data["suite"]),
+            settings=data["settings"],
+            run=data["run"],
+        )
