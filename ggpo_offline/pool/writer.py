@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ggpo_offline.core.errors import UserError, writing
+from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.schema import METADATA_KEY, PARQUET_OPTIONS, POOL_SCHEMA
 
 
@@ -54,10 +55,12 @@ class PoolWriter:
                 self._writer.write_table(table)
             self.rows_written += table.num_rows
 
-    def close(self, metadata: dict) -> Path:
-        """Store the metadata in the footer, then atomically rename the finished file into place."""
+    def close(self, info: PoolInfo) -> Path:
+        """Store the footer record (its JSON, keys sorted) under ``ggpo_offline``, then atomically rename the
+        finished file into place."""
         with self._cleanup_on_failure(), writing(self.path):
-            self._writer.add_key_value_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+            footer = json.dumps(info.to_metadata(), sort_keys=True)
+            self._writer.add_key_value_metadata({METADATA_KEY: footer})
             self._writer.close()
             os.replace(self.tmp_path, self.path)
         return self.path
