@@ -22,6 +22,7 @@ def write_pool(path: Path, responses: int, seed: int = 0) -> None:
     import numpy as np
     import pyarrow as pa
 
+    from ggpo_offline.pool.info import PoolInfo, PoolModel, PoolSampling
     from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION
     from ggpo_offline.pool.writer import PoolWriter
 
@@ -53,7 +54,10 @@ def write_pool(path: Path, responses: int, seed: int = 0) -> None:
                 "extracted_answer": pa.nulls(n, pa.string()),
             }
             writer._writer.write_table(pa.table(columns, schema=POOL_SCHEMA))
-        writer.close({"schema_version": SCHEMA_VERSION, "sampling": {"m": M}, "model": {"name": "synthetic"}})
+        footer = PoolInfo(
+            schema_version=SCHEMA_VERSION, sampling=PoolSampling(m=M), model=PoolModel(name="synthetic")
+        )
+        writer.close(footer)
 
 
 def measure(task: str, path: Path) -> dict:

@@ -7,6 +7,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ggpo_offline.pool.info import PoolInfo
+
 if TYPE_CHECKING:
     from ggpo_offline.evaluate.report import EvalReport
 
@@ -63,27 +65,18 @@ class GenerationProgress(_LazyProgress):
 
 
 def print_summary(summary: dict, with_metadata: bool = False) -> None:
-    """The `pool inspect` table (and the metadata as indented JSON when asked)."""
-    meta = summary["metadata"]
+    """The `pool inspect` table (and the footer as indented JSON when asked)."""
+    info = PoolInfo.from_metadata(summary["metadata"])
     table = Table(title=summary["path"], show_header=False)
-    sampling = meta.get("sampling", {})
     # Pools made before answer rules existed record none; their rewards came from math-verify.
-    answer_rule = meta.get("reward", {}).get("answer_rule") or "not recorded (an older pool: math-verify)"
+    answer_rule = info.reward.answer_rule or "not recorded (an older pool: math-verify)"
+    sampling = ("m", "temperature", "top_p", "top_k", "max_tokens", "seed")
     rows = [
-        ("model", meta.get("model", {}).get("name")),
-        (
-            "engine",
-            f"{meta.get('engine', {}).get('name')} {meta.get('engine', {}).get('version')} "
-            f"({meta.get('dtype')})",
-        ),
-        ("dataset", meta.get("dataset", {}).get("spec")),
+        ("model", info.model.name),
+        ("engine", f"{info.engine.name} {info.engine.version} ({info.dtype})"),
+        ("dataset", info.dataset.spec),
         ("answer rule", answer_rule),
-        (
-            "sampling",
-            ", ".join(
-                f"{k}={sampling.get(k)}" for k in ("m", "temperature", "top_p", "top_k", "max_tokens", "seed")
-            ),
-        ),
+        ("sampling", ", ".join(f"{k}={getattr(info.sampling, k)}" for k in sampling)),
         ("groups", f"{summary['groups']:,}"),
         ("responses", f"{summary['responses']:,}"),
         ("mean reward", f"{summary['mean_reward']:.4f}"),
@@ -98,12 +91,9 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
             " / ".join(str(summary[k]) for k in ("p10", "p50", "p90", "p99", "max_length")),
         ),
         ("truncated (finish_reason=length)", f"{summary['truncated_frac']:.2%}"),
-        (
-            "reward timeouts / errors",
-            "{} / {}".format(*(meta.get("reward", {}).get(k) for k in ("timeouts", "errors"))),
-        ),
+        ("reward timeouts / errors", f"{info.reward.timeouts} / {info.reward.errors}"),
     ]
-    seconds = meta.get("generation_seconds")
+    seconds = info.generation_seconds
     if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):  # metadata may be hand-edited
         rows.append(
             ("generation time", f"{seconds:.0f} s ({summary['tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")
@@ -112,7 +102,7 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
         table.add_row(key, str(value))
     stdout.print(table)
     if with_metadata:
-        stdout.print_json(json.dumps(meta))
+        stdout.print_json(json.dumps(info.to_metadata(), sort_keys=True))
 
 
 def print_config(config) -> None:

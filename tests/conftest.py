@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.schema import SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter
 
@@ -52,6 +53,10 @@ def synthetic_metadata(m: int) -> dict:
     return {"schema_version": SCHEMA_VERSION, "sampling": {"m": m}, "model": {"name": "synthetic"}}
 
 
+def synthetic_footer(m: int) -> PoolInfo:
+    return PoolInfo.from_metadata(synthetic_metadata(m))
+
+
 def write_synthetic_pool(
     path: Path,
     groups: int = 6,
@@ -66,7 +71,7 @@ def write_synthetic_pool(
     with PoolWriter(path, overwrite=True) as writer:
         for start in range(0, len(rows), chunk):
             writer.write_rows(rows[start : start + chunk])
-        writer.close(synthetic_metadata(m) if metadata is None else metadata)
+        writer.close(PoolInfo.from_metadata(synthetic_metadata(m) if metadata is None else metadata))
     return path
 
 

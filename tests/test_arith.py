@@ -20,7 +20,6 @@ from ggpo_offline.generate.arith import (
     arith_problems,
     canonical_key,
     level_items,
-    level_size,
     reductions,
     split_of,
 )
@@ -90,7 +89,7 @@ def test_split_rule_hashes_the_sorted_signed_terms():
 
 
 def test_split_sizes_are_about_60_20_20():
-    sizes = {split: sum(level_size(level, split) for level in LEVELS) for split in SPLITS}
+    sizes = {split: sum(len(level_items(level, split)) for level in LEVELS) for split in SPLITS}
     total = sum(sizes.values())
     assert total == 31731
     assert 0.57 < sizes["train"] / total < 0.63
@@ -199,14 +198,14 @@ def test_levels_are_all_present_and_grow_in_steps():
 
 @pytest.mark.parametrize("split", ["validation", "test"])
 def test_small_level_running_out_falls_back_to_the_others(split):
-    n = level_size(1, split) + 200
+    n = len(level_items(1, split)) + 200
     items = arith_items(split, n, seed=0)
-    assert sum(item.level == 1 for item in items) == level_size(1, split)
+    assert sum(item.level == 1 for item in items) == len(level_items(1, split))
     assert len({item.question for item in items}) == n
 
 
 def test_asking_for_more_than_exists_raises():
-    everything = sum(level_size(level, "validation") for level in LEVELS)
+    everything = sum(len(level_items(level, "validation")) for level in LEVELS)
     with pytest.raises(ValueError, match=f"asked for {everything + 1} arith validation problems, but only"):
         arith_items("validation", everything + 1)
     with pytest.raises(ValueError, match="split must be 'train', 'validation' or 'test', got 'dev'"):

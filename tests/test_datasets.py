@@ -10,10 +10,15 @@ import polars as pl
 import pytest
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.generate.datasets import answer_text, dataset_fingerprint, load_problems
+from ggpo_offline.generate.datasets import answer_text, load_dataset, load_problems
 from ggpo_offline.generate.rewards import last_boxed_content
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def dataset_fingerprint(spec: str, **kwargs) -> dict:
+    """What a pool's footer records about the dataset of ``spec``: the metadata half of `load_dataset`."""
+    return load_dataset(spec, **kwargs)[1]
 
 
 def real_file(name: str) -> Path:

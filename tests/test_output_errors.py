@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import synthetic_metadata, synthetic_rows, write_synthetic_pool
+from conftest import synthetic_footer, synthetic_rows, write_synthetic_pool
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.evaluator import write_json
@@ -48,7 +48,7 @@ def test_pool_writer_on_a_full_disk_keeps_the_earlier_pool(tmp_path, monkeypatch
     with pytest.raises(UserError, match=rf"^cannot write {path}: No space left on device$"):
         with PoolWriter(path, overwrite=True) as writer:
             writer.write_rows(synthetic_rows(2, 4, seed=1))
-            writer.close(synthetic_metadata(4))
+            writer.close(synthetic_footer(4))
     monkeypatch.undo()
     assert path.read_bytes() == before and validate_pool(path).groups == 3
     assert leftovers(tmp_path, {"pool.parquet"}) == []
@@ -60,7 +60,7 @@ def test_pool_writer_failure_cleans_up_without_a_with_block(tmp_path, monkeypatc
     writer.write_rows(synthetic_rows(2, 4))
     monkeypatch.setattr(os, "replace", disk_full)
     with pytest.raises(UserError, match="No space left on device"):
-        writer.close(synthetic_metadata(4))
+        writer.close(synthetic_footer(4))
     assert list(tmp_path.iterdir()) == []
 
 

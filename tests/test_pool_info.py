@@ -1,4 +1,5 @@
-"""PoolInfo: a pool's metadata parsed once; and the run inputs that train and compare prepare from it."""
+"""PoolInfo: the pool footer as one record that writers and readers share; and the run inputs that train and
+compare prepare from it."""
 
 import json
 import re
@@ -21,9 +22,10 @@ from ggpo_offline.core.model_io import (
 )
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.evaluate.evaluator import resolve_sampling
-from ggpo_offline.pool.info import PoolInfo, PoolSampling, read_pool_info
+from ggpo_offline.generate.pipeline import SEED_DERIVATION
+from ggpo_offline.pool.info import PoolEngine, PoolInfo, PoolSampling
 from ggpo_offline.pool.schema import METADATA_KEY
-from ggpo_offline.pool.source import read_pool_metadata
+from ggpo_offline.pool.source import read_pool_info, read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.inputs import plan_data, read_inputs
@@ -46,9 +48,8 @@ def test_a_generated_pools_info_holds_what_generation_was_given(hf_pool, tiny_di
     assert initial_model_dir(None, info.model.location) == tiny_dir
     assert info.model.weights_sha256 == weights_sha256(tiny_dir)
     assert info.tokenizer_sha256 == tokenizer_sha256(load_tokenizer(tiny_dir))
-    assert (
-        info.template_kind in ("chat", "plain") and info.template_kind == info.raw["prompt_template"]["kind"]
-    )
+    assert info.prompt_template.kind in ("chat", "plain")
+    assert info.prompt_template.kind == info.raw["prompt_template"]["kind"]
     assert info.dataset_spec == "arith:train"
     assert info.schema_version == info.raw["schema_version"] == 1
 
@@ -58,7 +59,7 @@ def test_an_old_pool_without_optional_keys_loads_with_the_defaults(tmp_path):
     info = PoolInfo.from_metadata(meta)
     assert info.sampling == PoolSampling(m=4)
     assert (info.model.name, info.model.path, info.model.location) == ("synthetic", None, None)
-    assert (info.tokenizer_sha256, info.dtype, info.template_kind, info.dataset_spec) == (None,) * 4
+    assert (info.tokenizer_sha256, info.dtype, info.prompt_template.kind, info.dataset_spec) == (None,) * 4
     empty = PoolInfo.from_metadata({})
     assert empty.schema_version is None and empty.sampling == PoolSampling() and empty.raw == {}
 
@@ -71,6 +72,110 @@ def test_an_old_pool_without_optional_keys_loads_with_the_defaults(tmp_path):
     line = f"{pool}: the pool metadata has no {missing}, prompt_template.kind, dtype"
     with pytest.raises(UserError, match=f"^{re.escape(line)}$"):
         resolve_sampling(EvalConfig(pool=pool))
+
+
+GENERATE_KEYS = [  # the footer's sections in the order generate-pool has always written them
+    *("schema_version", "tool_version", "created", "model", "tokenizer", "engine", "dtype", "sampling"),
+    *("dataset", "prompt_template", "reward", "filter", "counts", "config", "generation_seconds", "shard"),
+]
+IMPORT_KEYS = [  # and import
+    *("schema_version", "tool_version", "created", "source", "model", "tokenizer", "engine", "dtype"),
+    *("sampling", "dataset", "prompt_template", "reward", "counts", "import"),
+]
+
+
+def _written_footers(monkeypatch) -> list[PoolInfo]:
+    """The records `PoolWriter.close` is given from now on."""
+    from ggpo_offline.pool.writer import PoolWriter
+
+    given, close = [], PoolWriter.close
+    monkeypatch.setattr(
+        PoolWriter, "close", lambda writer, info: (given.append(info), close(writer, info))[1]
+    )
+    return given
+
+
+def _footer_bytes(pool) -> bytes:
+    return pq.ParquetFile(pool).metadata.metadata[METADATA_KEY]
+
+
+def test_generate_and_import_write_their_footer_through_the_record_and_read_it_back_exactly(
+    hf_pool, tiny_dir, tmp_path, monkeypatch
+):
+    from rollout_formats import write_generic
+
+    from ggpo_offline.generate.engines import SamplingSettings
+    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
+    from ggpo_offline.importing.config import ImportConfig
+    from ggpo_offline.importing.importer import import_pool
+
+    given = _written_footers(monkeypatch)
+    sampling = SamplingSettings(m=2, max_tokens=8, seed=1)
+    shard = GenerateConfig(
+        num_prompts=4,
+        sampling=sampling,
+        engine="hf",
+        num_shards=2,
+        out=tmp_path / "s0.parquet",
+        reward_workers=0,
+    )
+    files = write_generic(hf_pool, tmp_path / "source")
+    import_config = ImportConfig(
+        format="generic",
+        model=str(tiny_dir),
+        out=tmp_path / "i.parquet",
+        answer_rule="number",
+        reward_workers=0,
+        check_samples=4,
+    )
+    pools = [generate_pool(shard), import_pool(import_config, files).path]
+    for pool, footer, keys in zip(pools, given, (GENERATE_KEYS, IMPORT_KEYS), strict=True):
+        meta = footer.to_metadata()
+        assert list(meta) == keys
+        assert _footer_bytes(pool) == json.dumps(meta, sort_keys=True).encode()  # what the writer stores
+        # The record gives back what it read: the same JSON text (key order included), the same bytes.
+        again = PoolInfo.from_metadata(meta).to_metadata()
+        assert json.dumps(again) == json.dumps(meta)
+        stored = PoolInfo.from_metadata(json.loads(_footer_bytes(pool)))
+        assert stored == footer and json.dumps(
+            stored.to_metadata(), sort_keys=True
+        ).encode() == _footer_bytes(pool)
+    generated, imported = (PoolInfo.from_metadata(json.loads(_footer_bytes(pool))) for pool in pools)
+    assert (generated.shard.index, generated.shard.count, generated.filter.mixed_only) == (0, 2, False)
+    assert generated.sampling.other == {"seed_derivation": SEED_DERIVATION} and generated.sampling.seed == 1
+    assert (imported.source, imported.engine.version, imported.sampling.seed) == ("imported", None, None)
+    assert imported.raw["engine"] == {"name": "imported:generic", "version": None}  # null, not left out
+    assert imported.shard.index is None and imported.imported["format"] == "generic"
+
+
+def test_older_footers_and_keys_this_version_does_not_know_survive_a_round_trip():
+    older = [
+        {},
+        synthetic_metadata(4),
+        {
+            "engine": {"name": "hf"},
+            "sampling": {"m": 4, "temperature": 0.7},
+        },  # no version, no seed: none added
+        {"engine": {"name": "x", "version": None}, "sampling": {"m": 2, "seed": None}, "import": {}},
+    ]
+    for meta in older:
+        assert PoolInfo.from_metadata(meta).to_metadata() == meta
+    newer = synthetic_metadata(4) | {
+        "engine": {"name": "hf", "version": "1", "build": {"cuda": None}},
+        "sampling": {"m": 4, "min_p": 0.05},
+        "counts": {"groups": 2, "rejected": 1},
+        "later_section": [1, None, {"a": 2}],
+    }
+    info = PoolInfo.from_metadata(newer)
+    assert (
+        info.to_metadata() == newer
+        and info.sampling.m == 4
+        and info.engine.other == {"build": {"cuda": None}}
+    )
+    assert info.other == {"later_section": [1, None, {"a": 2}]} and info.counts.other == {"rejected": 1}
+    # A record built by a writer stores a nullable field as null; an empty section is left out.
+    assert PoolInfo(engine=PoolEngine(name="x")).to_metadata() == {"engine": {"name": "x", "version": None}}
+    assert PoolInfo(engine=PoolEngine()).to_metadata() == PoolInfo().to_metadata() == {}
 
 
 def test_recorded_sampling_settings_are_checked_where_training_relies_on_them(tmp_path):

@@ -93,6 +93,18 @@ def test_merged_metadata_sums_counts_and_drops_shard_fields(tmp_path):
     assert meta["config"] == {"batch_prompts": 4} and meta["created"] == "2025-01-02" and "shard" not in meta
 
 
+def test_footer_keys_this_version_does_not_know_survive_a_merge(tmp_path):
+    unknown = {
+        "later_section": {"a": [1, None]},
+        "engine": {"name": "hf", "version": None, "build": "x"},
+        "sampling": {"m": 4, "min_p": 0.05},
+    }
+    write_shards(tmp_path / "shards", count=2, **unknown)
+    merged = read_pool_metadata(merge_pool(tmp_path / "shards", tmp_path / "merged.parquet"))
+    assert {key: merged[key] for key in unknown} == unknown
+    assert merged == read_pool_metadata(tmp_path / "shards") and "shard" not in merged
+
+
 @pytest.mark.parametrize(
     ("setup", "message"),
     [

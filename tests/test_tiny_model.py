@@ -10,7 +10,7 @@ from ggpo_offline.core.model_io import tiny_model_dir
 from ggpo_offline.generate.arith import ArithItem, arith_items, split_of
 from ggpo_offline.generate.prompts import encode_prompt, format_prompt, resolve_template
 from ggpo_offline.generate.rewards import last_boxed_content as last_boxed
-from ggpo_offline.organism.measure import _style_scores, evaluate_sampled_accuracy, is_right, measure_styles
+from ggpo_offline.organism.measure import _style_scores, is_right, measure_styles
 from ggpo_offline.organism.styles import STYLES, prompt_class, style_of
 from ggpo_offline.organism.tiny import (
     IGNORE_INDEX,
@@ -98,9 +98,8 @@ def test_build_and_evaluate_smoke(tmp_path):
     assert torch.get_num_threads() == threads  # the recipe's one-thread setting does not leak out
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert reloaded.config.vocab_size == 100
-    result = evaluate_sampled_accuracy(tmp_path, n_problems=3, m=2, max_new_tokens=4)
-    assert result["n_problems"] == 3 and 0.0 <= result["accuracy"] <= 1.0
-    assert 0.0 <= result["mixed_fraction"] <= 1.0
+    report = measure_styles(tmp_path, n_problems=3, m=2, max_new_tokens=4, forced=False)
+    assert report["n_problems"] == 3 and 0.0 <= report["accuracy"] <= report["pass_at_m"] <= 1.0
 
 
 ITEM = ArithItem("What is 9 - (3 + 4)?", "9 - (3 + 4) = 9 - 7 = 2. \\boxed{2}", "2", 4)
@@ -259,8 +258,6 @@ def test_measuring_draws_validation_problems_unless_told_otherwise(monkeypatch):
     }
     for (split, report), items in zip(runs.items(), drawn, strict=True):
         assert report["split"] == split and {split_of(item.question) for item in items} == {split}
-    assert measure_module.evaluate_sampled_accuracy(model_dir, n_problems=30, m=2)["split"] == "validation"
-    assert {split_of(item.question) for item in drawn[-1]} == {"validation"}
 
 
 def test_measure_styles_command_passes_its_split(monkeypatch):

@@ -33,7 +33,7 @@ from ggpo_offline.generate.rollout import (
     sample_and_score,
     sampling_checks,
 )
-from ggpo_offline.pool.info import read_pool_info
+from ggpo_offline.pool.source import read_pool_info
 
 DATASET_SEED = 0
 """Seed of the arith draw: fixed, so that every sampling seed is evaluated on the same problems."""
@@ -78,7 +78,7 @@ def _pool_settings(pool: Path) -> dict:
         raise UserError(f"{pool}: no such pool file or directory")
     info = read_pool_info(pool)
     settings = {name: getattr(info.sampling, name) for name in POOL_SETTINGS}
-    settings |= {"template": info.template_kind, "dtype": info.dtype}
+    settings |= {"template": info.prompt_template.kind, "dtype": info.dtype}
     names = {"template": "prompt_template.kind", "dtype": "dtype"}
     missing = [names.get(name, f"sampling.{name}") for name, value in settings.items() if value is None]
     if missing:

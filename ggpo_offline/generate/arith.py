@@ -239,11 +239,6 @@ def level_items(level: int, split: Split) -> tuple[ArithItem, ...]:
     return tuple(item for item in _all_level_items(level) if split_of(item.question) == split)
 
 
-def level_size(level: int, split: Split) -> int:
-    """How many distinct problems a level has in a split."""
-    return len(level_items(level, split))
-
-
 def arith_items(split: Split, n: int, seed: int = 0) -> list[ArithItem]:
     """``n`` distinct problems of a split, each level drawn uniformly by ``random.Random(seed)``.
 

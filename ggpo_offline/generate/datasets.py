@@ -162,11 +162,6 @@ def load_dataset(
     return loaded.problems, fingerprint
 
 
-def dataset_fingerprint(spec: str, **kwargs) -> dict:
-    """Only the metadata half of ``load_dataset``."""
-    return load_dataset(spec, **kwargs)[1]
-
-
 def _load(
     spec: str,
     problem_key: str | None,

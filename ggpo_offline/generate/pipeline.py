@@ -33,6 +33,19 @@ from ggpo_offline.generate.rollout import (
     reward_description,
     sample_and_score,
 )
+from ggpo_offline.pool.info import (
+    PoolCounts,
+    PoolDataset,
+    PoolEngine,
+    PoolFilter,
+    PoolInfo,
+    PoolModel,
+    PoolReward,
+    PoolSampling,
+    PoolShard,
+    PoolTemplate,
+    PoolTokenizer,
+)
 from ggpo_offline.pool.partial import PartialRun
 from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter, check_output_path
@@ -145,11 +158,11 @@ def generate_pool(
         engine = _start_engine(config, model_dir, prompts.max_model_len)
     try:
         _sample_and_store(config, engine, tokenizer, prompts, rule, partial, progress, on_batch)
-        metadata = _metadata(
+        footer = _footer(
             config, model_dir, identity, tokenizer, engine, template, dataset_meta, rule, progress, prompts
         )
-        _add_run_totals(metadata, config, partial, dataset_prompts=len(problems))
-        return _write_pool(out, config.overwrite, partial, metadata)
+        footer = _with_run_totals(footer, config, partial, dataset_prompts=len(problems))
+        return _write_pool(out, config.overwrite, partial, footer)
     finally:
         if owns_engine:
             engine.close()
@@ -256,27 +269,29 @@ def _sample_and_store(
         raise UserError("no group was kept (--mixed-only and no prompt had a mixed group); nothing written")
 
 
-def _add_run_totals(
-    metadata: dict, config: GenerateConfig, partial: PartialRun, dataset_prompts: int
-) -> None:
-    """Totals known once every part is stored (resumed ones included): reward timeouts and errors, the
-    generation time, and a shard's place in the dataset."""
-    metadata["reward"].update(timeouts=int(partial.total("timeouts")), errors=int(partial.total("errors")))
-    metadata["generation_seconds"] = round(partial.total("seconds"), 2)
-    if config.num_shards > 1:
-        metadata["shard"] = {
-            "index": config.shard_index,
-            "count": config.num_shards,
-            "dataset_prompts": dataset_prompts,
-        }
+def _with_run_totals(
+    footer: PoolInfo, config: GenerateConfig, partial: PartialRun, dataset_prompts: int
+) -> PoolInfo:
+    """``footer`` with the totals known once every part is stored (resumed ones included): reward timeouts
+    and errors, the generation time, and a shard's place in the dataset."""
+    reward = dataclasses.replace(
+        footer.reward, timeouts=int(partial.total("timeouts")), errors=int(partial.total("errors"))
+    )
+    shard = PoolShard(index=config.shard_index, count=config.num_shards, dataset_prompts=dataset_prompts)
+    return dataclasses.replace(
+        footer,
+        reward=reward,
+        generation_seconds=round(partial.total("seconds"), 2),
+        shard=shard if config.num_shards > 1 else PoolShard(),
+    )
 
 
-def _write_pool(out: Path, overwrite: bool, partial: PartialRun, metadata: dict) -> Path:
-    """The stored parts as one pool with ``metadata`` in its footer; then the parts are removed."""
+def _write_pool(out: Path, overwrite: bool, partial: PartialRun, footer: PoolInfo) -> Path:
+    """The stored parts as one pool with ``footer`` stored; then the parts are removed."""
     with PoolWriter(out, overwrite) as writer:
         for table in partial.tables():
             writer.write_table(table)
-        path = writer.close(metadata)
+        path = writer.close(footer)
     partial.remove()  # only now: the pool holding the parts is in place
     return path
 
@@ -322,44 +337,47 @@ def _run_settings(
     }
 
 
-def _metadata(
+SEED_DERIVATION = "per prompt: sha256('{seed}:{prompt_id}'), engine adds the sample index"
+
+
+def _footer(
     config, model_dir, identity, tokenizer, engine, template, dataset_meta, rule, progress, prompts
-) -> dict:
-    """The provenance stored in the pool footer under the ``ggpo_offline`` key."""
+) -> PoolInfo:
+    """The pool's footer record (stored under the ``ggpo_offline`` key), but the run totals."""
     described = engine.describe()
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "tool_version": __version__,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "model": {
-            "path": str(model_dir),
-            "name": config.model or EMBEDDED_MODEL,
-            "weights_sha256": identity["weights_sha256"],
-        },
-        "tokenizer": {"sha256": identity["tokenizer_sha256"], "class": type(tokenizer).__name__},
-        "engine": {"name": described["name"], "version": described["version"]},
-        "dtype": described["dtype"],
-        "sampling": {
+    return PoolInfo(
+        schema_version=SCHEMA_VERSION,
+        tool_version=__version__,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        model=PoolModel(
+            path=str(model_dir),
+            name=config.model or EMBEDDED_MODEL,
+            weights_sha256=identity["weights_sha256"],
+        ),
+        tokenizer=PoolTokenizer(sha256=identity["tokenizer_sha256"], class_name=type(tokenizer).__name__),
+        engine=PoolEngine(name=described["name"], version=described["version"]),
+        dtype=described["dtype"],
+        sampling=PoolSampling(
             **config.sampling.as_dict(),
-            "logprobs_mode": described["logprobs_mode"],
-            "seed_derivation": "per prompt: sha256('{seed}:{prompt_id}'), engine adds the sample index",
-        },
-        "dataset": dataset_meta,
-        "prompt_template": template_description(template),
-        "reward": {"answer_rule": rule, **reward_description(config.reward_timeout_s, [rule])},
-        "filter": {"mixed_only": config.mixed_only},
-        "counts": {
-            "prompts": progress.prompts_total,
-            "skipped_long_prompts": prompts.skipped_long,
-            "groups": progress.groups_kept,
-            "responses": progress.responses,
-            "mixed_groups": progress.mixed_groups,
-            "mean_reward": progress.mean_reward,
-            "tokens": progress.tokens,
-            "truncated": progress.truncated,
-        },
-        "config": {k: v for k, v in _settings_record(config).items() if k not in ("out", "overwrite")},
-    }
+            logprobs_mode=described["logprobs_mode"],
+            other={"seed_derivation": SEED_DERIVATION},
+        ),
+        dataset=PoolDataset.from_dict(dataset_meta),
+        prompt_template=PoolTemplate.from_dict(template_description(template)),
+        reward=PoolReward(answer_rule=rule, other=reward_description(config.reward_timeout_s, [rule])),
+        filter=PoolFilter(mixed_only=config.mixed_only),
+        counts=PoolCounts(
+            prompts=progress.prompts_total,
+            skipped_long_prompts=prompts.skipped_long,
+            groups=progress.groups_kept,
+            responses=progress.responses,
+            mixed_groups=progress.mixed_groups,
+            mean_reward=progress.mean_reward,
+            tokens=progress.tokens,
+            truncated=progress.truncated,
+        ),
+        config={k: v for k, v in _settings_record(config).items() if k not in ("out", "overwrite")},
+    )
 
 
 def _settings_record(config: GenerateConfig) -> dict:

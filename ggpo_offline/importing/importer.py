@@ -28,6 +28,17 @@ from ggpo_offline.importing.formats import READERS, generic
 from ggpo_offline.importing.groups import Grouping, group_rows
 from ggpo_offline.importing.rows import Vocabulary, pool_row
 from ggpo_offline.importing.staging import Staging
+from ggpo_offline.pool.info import (
+    PoolCounts,
+    PoolDataset,
+    PoolEngine,
+    PoolInfo,
+    PoolModel,
+    PoolReward,
+    PoolSampling,
+    PoolTemplate,
+    PoolTokenizer,
+)
 from ggpo_offline.pool.schema import SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter, check_output_path
 
@@ -202,17 +213,17 @@ def _write(
                 rows = staged.take(pa.array(grouping.order[sample])).to_pylist()
                 truncation = config.top_p < 1 or config.top_k > 0
                 check = check_logprobs(rows, scorer, config.temperature, truncation, config.logprobs_mode)
-            counts = {
-                "groups": len(grouping.group_ids),
-                "responses": len(grouping.order),
-                "tokens": tokens,
-                "mean_reward": reward_sum / len(grouping.order),
-            }
-            metadata = _metadata(
-                config, model_dir, tokenizer, files, grouping, reward_source, counts, longest
+            counts = PoolCounts(
+                groups=len(grouping.group_ids),
+                responses=len(grouping.order),
+                tokens=tokens,
+                mean_reward=reward_sum / len(grouping.order),
             )
-            metadata["import"] |= {"consistency": check, "eos_appended_to_texts": eos_added}
-            path = writer.close(metadata)
+            checks = {"consistency": check, "eos_appended_to_texts": eos_added}
+            footer = _footer(
+                config, model_dir, tokenizer, files, grouping, reward_source, counts, longest, checks
+            )
+            path = writer.close(footer)
     warnings = [check["warning"]] if check and check["warning"] else []
     return ImportResult(path, len(grouping.group_ids), m, len(grouping.order), warnings)
 
@@ -228,33 +239,39 @@ def _fill(row: dict, group_id: int, sample_idx: int, import_format: str) -> None
     row.setdefault("extracted_answer", None)
 
 
-def _metadata(config, model_dir, tokenizer, files, grouping, reward_source, counts, longest) -> dict:
-    """The pool footer: what generate-pool records, with what was read and what was recomputed."""
+def _footer(
+    config, model_dir, tokenizer, files, grouping, reward_source, counts, longest, checks
+) -> PoolInfo:
+    """The pool's footer record: what generate-pool records, with what was read, what was recomputed and
+    ``checks`` (the consistency check and the EOS ids appended)."""
     template = resolve_template(tokenizer, config.template)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "tool_version": __version__,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "source": "imported",
-        "model": {"path": str(model_dir), "name": config.model, "weights_sha256": weights_sha256(model_dir)},
-        "tokenizer": {"sha256": tokenizer_sha256(tokenizer), "class": type(tokenizer).__name__},
-        "engine": {"name": f"imported:{config.format}", "version": None},
-        "dtype": "auto",
-        "sampling": {
-            "m": grouping.m,
-            "temperature": config.temperature,
-            "top_p": config.top_p,
-            "top_k": config.top_k,
-            "max_tokens": config.max_tokens or longest,
-            "seed": None,
-            "logprobs_mode": "rescored" if config.rescore_behavior else config.logprobs_mode,
-        },
-        "dataset": {"spec": f"imported:{config.format}"},
-        "prompt_template": template_description(template),
-        "reward": {"source": reward_source, "answer_rule": config.answer_rule}
-        | (reward_description(5.0, [config.answer_rule]) if reward_source == "verify" else {}),
-        "counts": counts,
-        "import": {
+    return PoolInfo(
+        schema_version=SCHEMA_VERSION,
+        tool_version=__version__,
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        source="imported",
+        model=PoolModel(path=str(model_dir), name=config.model, weights_sha256=weights_sha256(model_dir)),
+        tokenizer=PoolTokenizer(sha256=tokenizer_sha256(tokenizer), class_name=type(tokenizer).__name__),
+        engine=PoolEngine(name=f"imported:{config.format}", version=None),
+        dtype="auto",
+        sampling=PoolSampling(
+            m=grouping.m,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            max_tokens=config.max_tokens or longest,
+            seed=None,
+            logprobs_mode="rescored" if config.rescore_behavior else config.logprobs_mode,
+        ),
+        dataset=PoolDataset(spec=f"imported:{config.format}"),
+        prompt_template=PoolTemplate.from_dict(template_description(template)),
+        reward=PoolReward(
+            answer_rule=config.answer_rule,
+            source=reward_source,
+            other=reward_description(5.0, [config.answer_rule]) if reward_source == "verify" else {},
+        ),
+        counts=counts,
+        imported={
             "format": config.format,
             "fields": generic.field_renames(config.fields),
             "files": [
@@ -266,5 +283,6 @@ def _metadata(config, model_dir, tokenizer, files, grouping, reward_source, coun
             "group_sizes": {str(size): groups for size, groups in grouping.sizes.items()},
             "dropped_groups": grouping.dropped_groups,
             "dropped_responses": grouping.dropped_responses,
+            **checks,
         },
-    }
+    )

@@ -57,45 +57,6 @@ def sample_responses(
     return responses
 
 
-def evaluate_sampled_accuracy(
-    model_dir: Path,
-    n_problems: int = 200,
-    m: int = 8,
-    seed: int = 0,
-    temperature: float = 1.0,
-    max_new_tokens: int = DEFAULT_MAX_TOKENS,
-    problem_seed: int = 0,
-    split: Split = "validation",
-) -> dict:
-    """Sample ``m`` responses per arith problem of ``split``; score each last boxed answer against the gold.
-
-    Reports overall and per-level accuracy and the share of prompts whose group is mixed (some right, some
-    wrong): only mixed groups give a group-relative policy gradient any signal.
-    """
-    items = arith_items(split, n_problems, problem_seed)
-    responses = sample_responses(model_dir, items, m, seed, temperature, max_new_tokens)
-    correct_counts = [_correct_count(item, texts) for item, texts in zip(items, responses, strict=True)]
-    per_level: dict[int, list[int]] = defaultdict(lambda: [0, 0])
-    for item, count in zip(items, correct_counts, strict=True):
-        per_level[item.level][0] += count
-        per_level[item.level][1] += m
-    return {
-        "n_problems": len(items),
-        "split": split,
-        "m": m,
-        "seed": seed,
-        "problem_seed": problem_seed,
-        "temperature": temperature,
-        "accuracy": sum(correct_counts) / (m * len(items)),
-        "pass_at_m": sum(count > 0 for count in correct_counts) / len(items),
-        "accuracy_by_level": {level: right / total for level, (right, total) in sorted(per_level.items())},
-        "problems_by_level": {level: total // m for level, (_, total) in sorted(per_level.items())},
-        "mixed_fraction": sum(0 < count < m for count in correct_counts) / len(items),
-        "all_correct_fraction": sum(count == m for count in correct_counts) / len(items),
-        "all_wrong_fraction": sum(count == 0 for count in correct_counts) / len(items),
-    }
-
-
 def measure_styles(
     model_dir: Path,
     n_problems: int = 256,

@@ -56,4 +56,4 @@ def merge_pool(directory: Path | str, out: Path | str, overwrite: bool = False) 
                 batch = []
         if batch:
             writer.write_table(pa.concat_tables(batch))
-        return writer.close(source.metadata)
+        return writer.close(source.info)

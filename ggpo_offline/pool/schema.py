@@ -6,12 +6,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ggpo_offline.core.errors import UserError, one_line
+from ggpo_offline.pool.info import SECTIONS
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"ggpo_offline"
-# Metadata sections that readers index into (``meta["model"].get("path")``, ...): when present they must be
-# JSON objects, so a hand-edited or corrupted footer is reported here instead of crashing a reader later.
-METADATA_SECTIONS = ("sampling", "model", "tokenizer", "dataset", "engine", "reward", "prompt_template")
 
 PARQUET_OPTIONS = {"compression": "zstd", "write_page_checksum": True, "store_schema": False}
 """Every Parquet file we write (pools, parts, π0 caches). Page checksums (CRC-32) let `open_parquet` catch a
@@ -61,7 +59,9 @@ def read_file_metadata(path) -> dict:
         raise UserError(f"{path}: metadata '{METADATA_KEY.decode()}' is not valid JSON ({what})") from None
     if not isinstance(meta, dict):
         raise UserError(f"{path}: metadata '{METADATA_KEY.decode()}' is not a JSON object")
-    for section in METADATA_SECTIONS:
+    # The footer record's sections (pool/info.py) must be JSON objects where present, so that a hand-edited or
+    # corrupted footer is reported here rather than read as a section without values.
+    for section in SECTIONS:
         if section in meta and not isinstance(meta[section], dict):
             raise UserError(
                 f"{path}: metadata {section} is {_json_type(meta[section])}, expected a JSON object"

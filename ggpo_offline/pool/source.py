@@ -1,13 +1,14 @@
 """Resolve a pool given as one Parquet file or as a directory of shard files written by sharded runs."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.pool.info import PoolCounts, PoolInfo, PoolShard
 from ggpo_offline.pool.schema import open_parquet, read_file_metadata
 
-# Metadata every shard of one pool must share: what was sampled, from what, and how it was scored.
-SHARED_KEYS = (
+# Footer fields every shard of one pool must share: what was sampled, from what, and how it was scored.
+SHARED_FIELDS = (
     "schema_version",
     "model",
     "tokenizer",
@@ -17,6 +18,7 @@ SHARED_KEYS = (
     "dataset",
     "prompt_template",
     "filter",
+    "reward",
 )
 # Counts that add up over shards (mean_reward is recomputed from the sums).
 SUMMED_COUNTS = (
@@ -33,11 +35,18 @@ SHARD_CONFIG_KEYS = ("shard_index", "num_shards")
 
 @dataclass(frozen=True)
 class PoolSource:
-    """The Parquet files of a pool, in shard order, and the pool's (merged) metadata."""
+    """The Parquet files of a pool, in shard order, and the pool's (merged) footer."""
 
     path: Path
     files: list[Path]
     metadata: dict
+    """The footer's JSON object: a file's as stored, a shard directory's merged (`merge_footers`); what
+    `pool_fingerprint` hashes."""
+
+    @property
+    def info(self) -> PoolInfo:
+        """The footer as its typed record."""
+        return PoolInfo.from_metadata(self.metadata)
 
 
 def shard_files(directory: Path) -> list[Path]:
@@ -55,48 +64,52 @@ def open_pool(path: Path | str) -> PoolSource:
     files = shard_files(path)
     if not files:
         raise UserError(f"{path}: a directory without .parquet shard files")
-    metas = [read_file_metadata(f) for f in files]
-    by_index = _check_shards(path, files, metas)
+    footers = [PoolInfo.from_metadata(read_file_metadata(f)) for f in files]
+    by_index = _check_shards(path, files, footers)
     ordered = [by_index[i] for i in sorted(by_index)]
-    return PoolSource(path, [files[i] for i in ordered], merge_metadata([metas[i] for i in ordered]))
+    merged = merge_footers([footers[i] for i in ordered])
+    return PoolSource(path, [files[i] for i in ordered], merged.to_metadata())
 
 
 def read_pool_metadata(path: Path | str) -> dict:
-    """A pool's metadata: a file's footer JSON, or a shard directory's shards merged (checked to agree)."""
+    """A pool's footer JSON: a file's, or a shard directory's shards merged (checked to agree)."""
     return open_pool(path).metadata
 
 
-def _check_shards(path: Path, files: list[Path], metas: list[dict]) -> dict[int, int]:
+def read_pool_info(path: Path | str) -> PoolInfo:
+    """The footer record of a pool file, or of a shard directory (its shards' merged)."""
+    return open_pool(path).info
+
+
+def _check_shards(path: Path, files: list[Path], footers: list[PoolInfo]) -> dict[int, int]:
     """Shard index -> position in ``files``, after checking that the shards form one complete pool."""
     by_index: dict[int, int] = {}
     first = None
-    for position, (file, meta) in enumerate(zip(files, metas, strict=True)):
-        shard = meta.get("shard")
-        if not isinstance(shard, dict) or not {"index", "count", "dataset_prompts"} <= shard.keys():
+    for position, (file, footer) in enumerate(zip(files, footers, strict=True)):
+        shard = footer.shard
+        if None in (shard.index, shard.count, shard.dataset_prompts):
             raise UserError(
                 f"{path}: {file.name} is not a shard (no shard metadata); a pool directory "
                 "holds only the shard files of one sharded run"
             )
         if first is None:
-            first = (file, meta)
+            first = (file, footer)
         else:
-            differing = [
-                key for key in (*SHARED_KEYS, "reward") if _shared(meta, key) != _shared(first[1], key)
-            ]
-            if shard["count"] != first[1]["shard"]["count"]:
+            differing = [name for name in SHARED_FIELDS if _shared(footer, name) != _shared(first[1], name)]
+            if shard.count != first[1].shard.count:
                 differing.insert(0, "shard count")
-            if shard["dataset_prompts"] != first[1]["shard"]["dataset_prompts"]:
+            if shard.dataset_prompts != first[1].shard.dataset_prompts:
                 differing.insert(0, "dataset prompt count")
             if differing:
                 raise UserError(
                     f"{path}: {file.name} and {first[0].name} are shards of different runs "
                     f"(they differ in {', '.join(differing)})"
                 )
-        if shard["index"] in by_index:
-            other = files[by_index[shard["index"]]].name
-            raise UserError(f"{path}: shard {shard['index']} appears twice ({other} and {file.name})")
-        by_index[shard["index"]] = position
-    count = first[1]["shard"]["count"]
+        if shard.index in by_index:
+            other = files[by_index[shard.index]].name
+            raise UserError(f"{path}: shard {shard.index} appears twice ({other} and {file.name})")
+        by_index[shard.index] = position
+    count = first[1].shard.count
     outside = sorted(i for i in by_index if not 0 <= i < count)
     if outside:
         raise UserError(f"{path}: shard index {outside[0]} is outside 0..{count - 1}")
@@ -108,37 +121,37 @@ def _check_shards(path: Path, files: list[Path], metas: list[dict]) -> dict[int,
     return by_index
 
 
-def _shared(meta: dict, key: str):
-    value = meta.get(key)
-    if key == "reward" and isinstance(value, dict):
+def _shared(footer: PoolInfo, name: str):
+    value = getattr(footer, name)
+    if name == "reward":
         # Timeout/error counters are per shard; the reward rule itself must agree.
-        return {k: v for k, v in value.items() if k not in ("timeouts", "errors")}
+        return replace(value, timeouts=None, errors=None)
     return value
 
 
-def merge_metadata(metas: list[dict]) -> dict:
-    """One pool's metadata from its shards' (in shard order): counts and reward counters summed, the latest
-    creation time, generation time summed, no shard fields. A single unsharded pool's is returned as is."""
-    if len(metas) == 1 and "shard" not in metas[0]:
-        return metas[0]
-    merged = {k: v for k, v in metas[0].items() if k != "shard"}
-    if isinstance(merged.get("counts"), dict):
-        counts = {key: sum(m["counts"].get(key, 0) for m in metas) for key in SUMMED_COUNTS}
-        reward_sum = sum(m["counts"].get("mean_reward", 0.0) * m["counts"].get("responses", 0) for m in metas)
-        counts["mean_reward"] = reward_sum / counts["responses"] if counts["responses"] else 0.0
-        merged["counts"] = counts
-    if isinstance(merged.get("reward"), dict):
-        merged["reward"] = {
-            **merged["reward"],
-            **{key: sum(m["reward"].get(key, 0) for m in metas) for key in ("timeouts", "errors")},
-        }
-    if "created" in merged:
-        merged["created"] = max(m.get("created", "") for m in metas)
-    if "generation_seconds" in merged:
-        merged["generation_seconds"] = round(sum(m.get("generation_seconds", 0.0) for m in metas), 2)
-    if isinstance(merged.get("config"), dict):
-        merged["config"] = {k: v for k, v in merged["config"].items() if k not in SHARD_CONFIG_KEYS}
-    return merged
+def merge_footers(shards: list[PoolInfo]) -> PoolInfo:
+    """One pool's footer from its shards' (in shard order): counts and reward counters summed, the latest
+    creation time, generation time summed, no shard fields; everything else (unknown keys included) the
+    first shard's, which the others share (`_check_shards`). A shard's unknown counts are left out: they
+    count the shard, not the pool."""
+    first = shards[0]
+    changes: dict = {"shard": PoolShard()}
+    if first.counts.to_dict():
+        counts = {key: sum(getattr(s.counts, key) or 0 for s in shards) for key in SUMMED_COUNTS}
+        reward_sum = sum((s.counts.mean_reward or 0.0) * (s.counts.responses or 0) for s in shards)
+        mean_reward = reward_sum / counts["responses"] if counts["responses"] else 0.0
+        changes["counts"] = PoolCounts(**counts, mean_reward=mean_reward)
+    if first.reward.to_dict():
+        timeouts = sum(s.reward.timeouts or 0 for s in shards)
+        errors = sum(s.reward.errors or 0 for s in shards)
+        changes["reward"] = replace(first.reward, timeouts=timeouts, errors=errors)
+    if first.created is not None:
+        changes["created"] = max(s.created or "" for s in shards)
+    if first.generation_seconds is not None:
+        changes["generation_seconds"] = round(sum(s.generation_seconds or 0.0 for s in shards), 2)
+    if isinstance(first.config, dict):
+        changes["config"] = {k: v for k, v in first.config.items() if k not in SHARD_CONFIG_KEYS}
+    return replace(first, **changes)
 
 
 class RowGroups:

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ggpo_offline.core.errors import UserError, one_line
-from ggpo_offline.pool.info import PoolInfo, read_pool_info
+from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION, open_parquet
-from ggpo_offline.pool.source import open_pool
+from ggpo_offline.pool.source import open_pool, read_pool_info
 
 FINISH_REASONS = ("stop", "length")
 
@@ -232,5 +232,5 @@ def validate_shards(path: Path, batch_size: int = 8192) -> ValidationReport:
         groups=sum(r.groups for r in reports),
         group_size=reports[0].group_size,
         tokens=sum(r.tokens for r in reports),
-        info=PoolInfo.from_metadata(source.metadata),
+        info=source.info,
     )

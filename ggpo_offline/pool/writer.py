@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ggpo_offline.core.errors import UserError, writing
+from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.schema import METADATA_KEY, PARQUET_OPTIONS, POOL_SCHEMA
 
 
@@ -36,7 +37,6 @@ class PoolWriter:
         with writing(self.path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._writer = pq.ParquetWriter(self.tmp_path, POOL_SCHEMA, **PARQUET_OPTIONS)
-        self.rows_written = 0
 
     def write_rows(self, rows: list[dict]) -> None:
         """Append one row group (whole groups only, so groups stay contiguous)."""
@@ -44,7 +44,6 @@ class PoolWriter:
             table = pa.Table.from_pylist(rows, schema=POOL_SCHEMA)
             with self._cleanup_on_failure(), writing(self.path):
                 self._writer.write_table(table)
-            self.rows_written += len(rows)
 
     def write_table(self, table: pa.Table) -> None:
         """Append one row group given as an Arrow table of pool rows (whole groups only)."""
@@ -52,12 +51,13 @@ class PoolWriter:
             table = table.select(POOL_SCHEMA.names).cast(POOL_SCHEMA)
             with self._cleanup_on_failure(), writing(self.path):
                 self._writer.write_table(table)
-            self.rows_written += table.num_rows
 
-    def close(self, metadata: dict) -> Path:
-        """Store the metadata in the footer, then atomically rename the finished file into place."""
+    def close(self, info: PoolInfo) -> Path:
+        """Store the footer record (its JSON, keys sorted) under ``ggpo_offline``, then atomically rename the
+        finished file into place."""
         with self._cleanup_on_failure(), writing(self.path):
-            self._writer.add_key_value_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+            footer = json.dumps(info.to_metadata(), sort_keys=True)
+            self._writer.add_key_value_metadata({METADATA_KEY: footer})
             self._writer.close()
             os.replace(self.tmp_path, self.path)
         return self.path

@@ -82,7 +82,7 @@ class RunInputs:
     def tracking_params(self) -> dict:
         """The MLflow params a run adds to its settings: model_dir and the pool's sampling settings as
         stored (pool_temperature, pool_top_p, ...; not its seed)."""
-        sampling = self.info.raw.get("sampling", {})
+        sampling = self.info.sampling.to_dict()
         return {
             "model_dir": str(self.model_dir),
             **{f"pool_{k}": v for k, v in sampling.items() if k != "seed"},

@@ -36,7 +36,7 @@ def index_pool(path: Path) -> PoolIndex:
     ``ggpo pool merge`` writes from it, so both plan the same minibatches.
     """
     source = open_pool(path)
-    m = source.metadata["sampling"]["m"]
+    m = source.info.sampling.m
     row_group_reader = RowGroups(source.files)
     mixed: list[int] = []
     row_groups_of: dict[int, tuple[int, ...]] = {}
