@@ -88,7 +88,7 @@ def _is_section(f: Field) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class PoolModel(_Section):
-    """The model that sampled the pool (an import: the model given to re-score it)."""
+    """The model that sampled the pool (an import: the --model it was given as the sampler)."""
 
     path: str | None = None
     """Its folder on the machine that generated the pool."""
