@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache, partial
+from multiprocessing.connection import wait
 from multiprocessing.pool import Pool
 from multiprocessing.process import BaseProcess
 from typing import Literal, get_args
@@ -197,7 +198,7 @@ def score_response(
     "not_a_number" (see ``ANSWER_RULE_DESCRIPTIONS``). Never raises for any response or gold (an unknown
     ``rule`` is a ValueError): a parse/verify that runs past ``timeout_s`` scores 0 with status "timeout",
     any exception scores 0 with status "error". The time limit uses SIGALRM, so it applies only when
-    called from a process's main thread (``score_batch`` workers always are).
+    called from a process's main thread (``RewardScorer`` workers always are).
     """
     _check_rule(rule)
     extracted = last_boxed_content(response)
@@ -227,11 +228,6 @@ def _score_number(extracted: str, gold: str) -> RewardResult:
     if value is None:
         return RewardResult(0.0, extracted, "not_a_number")
     return RewardResult(1.0 if value == gold_value else 0.0, extracted, "ok")
-
-
-def verify_answer(response: str, gold: str) -> float:
-    """1.0 when the response's last boxed answer equals ``gold`` by math-verify, else 0.0."""
-    return score_response(response, gold).reward
 
 
 def _init_worker() -> None:
@@ -349,16 +345,12 @@ class RewardScorer:
         if workers > 0:
             self._start_pool([])
 
-    def worker_pids(self) -> list[int]:
-        """The process ids of the current pool's workers (none with ``workers=0``)."""
-        return [worker.pid for worker in self._workers]
-
     def _start_pool(self, items: list[tuple[ScoringHandle, int]]) -> None:
         """Start a pool and send it ``items``; every pending batch's stall clock starts again."""
         # spawn, not fork: forking a process that holds torch/vLLM threads can deadlock the child.
         context = multiprocessing.get_context("spawn")
         self._pool = context.Pool(self.workers, initializer=_init_worker)
-        self._workers = worker_processes(self._pool)  # their exit codes tell of a death
+        self._workers = worker_processes(self._pool)  # their sentinels tell of a death
         self._last_result_at = None
         for handle in self._pending:
             handle._submitted_at = time.monotonic()
@@ -391,7 +383,10 @@ class RewardScorer:
     def _replace_dead_workers(self) -> None:
         """When a worker has died, replace the pool and send every unfinished item to the new one; a
         UserError when an item the workers held has now been held at ``MAX_WORKER_DEATHS`` deaths."""
-        dead = [worker for worker in self._workers if worker.exitcode is not None]
+        # A dead worker's sentinel reads as ready at once; its exit code may read None while the pool's own
+        # thread reaps it, and is read only once the pool is stopped (that thread joined).
+        ended = set(wait([worker.sentinel for worker in self._workers], timeout=0))
+        dead = [worker for worker in self._workers if worker.sentinel in ended]
         if not dead:
             return
         unfinished = self._stop_pool()
@@ -453,17 +448,3 @@ class RewardScorer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def score_batch(
-    pairs: Sequence[tuple[str, str]],
-    workers: int,
-    timeout_s: float = 5.0,
-    rule: AnswerRule | Sequence[AnswerRule] = "math-verify",
-) -> list[RewardResult]:
-    """Score (response, gold) pairs under answer ``rule`` in ``workers`` spawned processes (0: in this
-    process), in order."""
-    if not pairs:
-        return []
-    with RewardScorer(workers, timeout_s) as scorer:
-        return scorer.submit(pairs, rule).get()
