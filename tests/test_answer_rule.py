@@ -30,7 +30,6 @@ from ggpo_offline.generate.rewards import (
     RewardResult,
     RewardScorer,
     plain_number,
-    score_batch,
     score_response,
 )
 from ggpo_offline.organism.measure import is_right
@@ -61,15 +60,16 @@ def test_math_verify_pays_the_hacks_the_number_rule_refuses():
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_score_batch_applies_the_rule_in_process_and_in_workers(workers):
+def test_the_scorer_applies_the_rule_in_process_and_in_workers(workers):
     pairs = [(hack, "7") for hack in HACKS] + [("so \\boxed{7}", "7"), ("\\boxed{8}", "7"), ("seven", "7")]
-    results = score_batch(pairs, workers, rule="number")
+    with RewardScorer(workers) as scorer:
+        results = scorer.submit(pairs, rule="number").get()
+        math_verify = scorer.submit(pairs, rule="math-verify").get()
     assert [(r.reward, r.status) for r in results] == [(0.0, "not_a_number")] * 5 + [
         (1.0, "ok"),
         (0.0, "ok"),
         (0.0, "no_box"),
     ]
-    math_verify = score_batch(pairs, workers, rule="math-verify")
     assert [r.reward for r in math_verify] == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
 
 
@@ -193,15 +193,16 @@ def test_real_benchmarks_keep_math_verify_and_gsm8k_can_opt_into_the_number_rule
     assert dataset_answer_rule(math500, "auto", problems) == "math-verify"
     rows = [json.loads(line) for line in Path(math500).read_text().splitlines()[:60]]
     pairs = [(row["solution"], problem.answer) for row, problem in zip(rows, problems, strict=True)]
-    unchanged = score_batch(pairs, workers=0, rule="math-verify")
-    assert unchanged == score_batch(pairs, workers=0)  # the default: what every earlier pool used
+    in_process = RewardScorer(workers=0)
+    unchanged = in_process.submit(pairs, rule="math-verify").get()
+    assert unchanged == in_process.submit(pairs).get()  # the default: what every earlier pool used
     assert sum(r.reward for r in unchanged) >= 58
     with pytest.raises(UserError, match="--answer-rule number needs plain-number gold answers"):
         dataset_answer_rule(math500, "number", problems)
     gsm8k = str(shared_file("gsm8k_test.jsonl"))
     golds = [p.answer for p in load_problems(gsm8k)]
     assert dataset_answer_rule(gsm8k, "number", load_problems(gsm8k)) == "number"
-    results = score_batch([(f"\\boxed{{{gold}}}", gold) for gold in golds], workers=0, rule="number")
+    results = in_process.submit([(f"\\boxed{{{gold}}}", gold) for gold in golds], rule="number").get()
     assert len(golds) == 1319 and all(r.reward == 1.0 for r in results)
 
 

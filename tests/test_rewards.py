@@ -17,15 +17,22 @@ from ggpo_offline.generate.rewards import (
     RewardResult,
     RewardScorer,
     last_boxed_content,
-    score_batch,
     score_response,
-    verify_answer,
 )
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 # A real input whose comparison runs for minutes in sympy (9^(9^9) is evaluated exactly), so it
 # exercises the time limits without any test-only hook.
 SLOW_RESPONSE = "\\boxed{9^{9^{9}}}"
+
+
+def verify_answer(response: str, gold: str) -> float:
+    """1.0 when the response's last boxed answer equals ``gold`` by math-verify, else 0.0."""
+    return score_response(response, gold).reward
+
+
+def in_process(pairs: list[tuple[str, str]]) -> list[RewardResult]:
+    return RewardScorer(workers=0).submit(pairs).get()
 
 
 def read_jsonl(name: str) -> list[dict]:
@@ -159,17 +166,17 @@ PAIRS = [
 ]
 
 
-def test_parallel_scoring_equals_in_process():
-    in_process = score_batch(PAIRS, workers=0)
-    assert score_batch(PAIRS, workers=2) == in_process
-    assert [result.reward for result in in_process] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
-    assert score_batch([], workers=2) == []
+def test_parallel_scoring_equals_in_process(two_worker_scorer):
+    expected = in_process(PAIRS)
+    assert two_worker_scorer.submit(PAIRS).get() == expected
+    assert [result.reward for result in expected] == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    assert two_worker_scorer.submit([]).get() == []
 
 
 def test_scorer_keeps_its_pool_across_batches(two_worker_scorer):
     first = two_worker_scorer.submit(PAIRS[:4])
     second = two_worker_scorer.submit(PAIRS[4:])
-    assert second.get() + first.get() == score_batch(PAIRS[4:] + PAIRS[:4], workers=0)
+    assert second.get() + first.get() == in_process(PAIRS[4:] + PAIRS[:4])
     assert first.get() is first.get()
     assert two_worker_scorer.restarts == 0
 

@@ -2,6 +2,20 @@
 
 Long because the rule comes with the worker pool that applies it to every response of a pool or an
 evaluation, and that pool's time limits, stall recovery and replacement of killed workers.
+
+That supervisor (``RewardScorer``) is our own, over multiprocessing's Pool, because no library pool keeps
+what the reward tests and ``make chaos`` check (measured on Python 3.11 with these workers):
+
+- pebble 5.2's ProcessPool fails only a killed busy worker's item (ProcessExpired, with pid and exit
+  code) and has per-item timeouts, but a worker killed while the pool is idle, where reward workers
+  spend most of generate-pool, breaks the whole pool ("All workers expired": every later schedule
+  raises); and one killed inside its task or result hand-over leaves pebble's channel lock held, so
+  the healthy worker fails on it after 60 s, its item is charged a death (exit code 1), and the pool
+  breaks after about 130 s: the supervisor below would still be needed on top.
+- concurrent.futures.ProcessPoolExecutor and loky 3.7 fail every pending item of the pool on one death
+  and are then unusable, without the dead worker's pid (loky: its exit code as text, the stdlib:
+  neither), which the deaths error names; neither has a per-item time limit, and the stdlib one cannot
+  stop a stuck worker before Python 3.14.
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache, partial
+from multiprocessing.connection import wait
 from multiprocessing.pool import Pool
 from multiprocessing.process import BaseProcess
 from typing import Literal, get_args
@@ -197,7 +212,7 @@ def score_response(
     "not_a_number" (see ``ANSWER_RULE_DESCRIPTIONS``). Never raises for any response or gold (an unknown
     ``rule`` is a ValueError): a parse/verify that runs past ``timeout_s`` scores 0 with status "timeout",
     any exception scores 0 with status "error". The time limit uses SIGALRM, so it applies only when
-    called from a process's main thread (``score_batch`` workers always are).
+    called from a process's main thread (``RewardScorer`` workers always are).
     """
     _check_rule(rule)
     extracted = last_boxed_content(response)
@@ -229,11 +244,6 @@ def _score_number(extracted: str, gold: str) -> RewardResult:
     return RewardResult(1.0 if value == gold_value else 0.0, extracted, "ok")
 
 
-def verify_answer(response: str, gold: str) -> float:
-    """1.0 when the response's last boxed answer equals ``gold`` by math-verify, else 0.0."""
-    return score_response(response, gold).reward
-
-
 def _init_worker() -> None:
     # Ctrl-C goes to the whole process group; the parent handles it and terminates the pool.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -261,55 +271,39 @@ def _deaths_message(worker: BaseProcess, response: str, gold: str) -> str:
     )
 
 
+@dataclass(eq=False)
+class _Batch:
+    """One submitted batch as its scorer tracks it; only ``RewardScorer`` reads or writes these fields."""
+
+    pairs: list[tuple[str, str]]
+    rules: list[AnswerRule]
+    submitted_at: float
+    """When the batch's stall clock started: its submission, or the start of the pool that took it over."""
+    results: list[RewardResult | None]
+    deaths: list[int]
+    """Worker deaths while each item was being scored."""
+
+    def missing(self) -> list[int]:
+        """The indices still without a result, in submission order."""
+        return [index for index, result in enumerate(self.results) if result is None]
+
+    def take(self, index: int, result: RewardResult) -> None:
+        if self.results[index] is None:  # a late answer from a replaced pool may repeat an item
+            self.results[index] = result
+
+
 class ScoringHandle:
     """The pending scores of one submitted batch; ``get()`` waits for them."""
 
-    def __init__(self, scorer: RewardScorer, pairs: list[tuple[str, str]], rules: list[AnswerRule]) -> None:
+    def __init__(self, scorer: RewardScorer, batch: _Batch) -> None:
         self._scorer = scorer
-        self._pairs = pairs
-        self._rules = rules
-        self._submitted_at = time.monotonic()
-        self._finished: queue.Queue[tuple[int, RewardResult]] = queue.Queue()
-        self._partial: list[RewardResult | None] = [None] * len(pairs)
-        self._deaths = [0] * len(pairs)  # worker deaths while each item was being scored
+        self._batch = batch
         self._results: list[RewardResult] | None = None
 
-    def _on_result(self, index: int, result: RewardResult) -> None:
-        # Runs in the pool's result thread.
-        self._scorer._last_result_at = time.monotonic()
-        self._finished.put((index, result))
-
-    def _on_error(self, index: int, error: BaseException) -> None:
-        self._on_result(index, RewardResult(0.0, None, "error"))
-
-    def _take(self, index: int, result: RewardResult) -> None:
-        if self._partial[index] is None:  # a late answer from a replaced pool may repeat an item
-            self._partial[index] = result
-
-    def _drain(self) -> list[int]:
-        """Move arrived results into place; the indices still missing, in submission order."""
-        while True:
-            try:
-                self._take(*self._finished.get_nowait())
-            except queue.Empty:
-                return [i for i, result in enumerate(self._partial) if result is None]
-
     def get(self) -> list[RewardResult]:
-        """The results in submission order; an item a stalled worker was stuck on scores 0 ("timeout"),
-        an item a dead worker held is scored again. A UserError when workers keep dying on one item."""
+        """The results in submission order (see ``RewardScorer.wait``); the same list on every call."""
         if self._results is None:
-            while self._drain():
-                self._scorer._replace_dead_workers()
-                wait_s = self._scorer._stall_deadline(self._submitted_at) - time.monotonic()
-                if wait_s <= 0:
-                    self._scorer._recover_from_stall()
-                    continue
-                try:
-                    self._take(*self._finished.get(timeout=min(wait_s, DEATH_CHECK_S)))
-                except queue.Empty:
-                    continue  # another batch may have made progress, which moves the deadline
-            self._results = list(self._partial)
-            self._scorer._done(self)
+            self._results = self._scorer.wait(self._batch)
         return self._results
 
 
@@ -342,82 +336,14 @@ class RewardScorer:
         self.errors = 0
         self.restarts = 0
         self.worker_deaths = 0
-        self._pending: list[ScoringHandle] = []  # submission order = the pool's FIFO task order
+        self._pending: list[_Batch] = []  # submission order = the pool's FIFO task order
+        # Results as the pool's result thread hands them over, for whichever batch they belong to.
+        self._arrived: queue.Queue[tuple[_Batch, int, RewardResult]] = queue.Queue()
         self._last_result_at: float | None = None  # when any batch last got a result from this pool
         self._pool: Pool | None = None
         self._workers: list[BaseProcess] = []
         if workers > 0:
             self._start_pool([])
-
-    def worker_pids(self) -> list[int]:
-        """The process ids of the current pool's workers (none with ``workers=0``)."""
-        return [worker.pid for worker in self._workers]
-
-    def _start_pool(self, items: list[tuple[ScoringHandle, int]]) -> None:
-        """Start a pool and send it ``items``; every pending batch's stall clock starts again."""
-        # spawn, not fork: forking a process that holds torch/vLLM threads can deadlock the child.
-        context = multiprocessing.get_context("spawn")
-        self._pool = context.Pool(self.workers, initializer=_init_worker)
-        self._workers = worker_processes(self._pool)  # their exit codes tell of a death
-        self._last_result_at = None
-        for handle in self._pending:
-            handle._submitted_at = time.monotonic()
-        for handle, index in items:
-            self._apply(handle, index)
-
-    def _stop_pool(self) -> list[tuple[ScoringHandle, int]]:
-        """Stop the pool; the unfinished items of all pending batches, in the pool's FIFO task order, so
-        the first ``workers`` of them are the ones the workers held."""
-        discard(self._pool)
-        return [(handle, index) for handle in self._pending for index in handle._drain()]
-
-    def _stall_deadline(self, submitted_at: float) -> float:
-        """When a batch submitted at ``submitted_at`` gives up, unless some result arrives before then."""
-        if self._last_result_at is None:
-            return submitted_at + self.hard_limit_s + POOL_STARTUP_GRACE_S
-        # Progress is pool-wide: a batch queued behind another one waits while that one advances.
-        return max(self._last_result_at, submitted_at) + self.hard_limit_s
-
-    def _recover_from_stall(self) -> None:
-        """Replace the pool: the items the workers were stuck on time out; all later ones are sent to the
-        new pool."""
-        unfinished = self._stop_pool()
-        self.restarts += 1
-        for handle, index in unfinished[: self.workers]:
-            response = handle._pairs[index][0]
-            handle._take(index, RewardResult(0.0, last_boxed_content(response), "timeout"))
-        self._start_pool(unfinished[self.workers :])
-
-    def _replace_dead_workers(self) -> None:
-        """When a worker has died, replace the pool and send every unfinished item to the new one; a
-        UserError when an item the workers held has now been held at ``MAX_WORKER_DEATHS`` deaths."""
-        dead = [worker for worker in self._workers if worker.exitcode is not None]
-        if not dead:
-            return
-        unfinished = self._stop_pool()
-        self.worker_deaths += len(dead)
-        for handle, index in unfinished[: self.workers]:
-            handle._deaths[index] += 1
-            if handle._deaths[index] >= MAX_WORKER_DEATHS:
-                raise UserError(_deaths_message(dead[0], *handle._pairs[index]))
-        self._start_pool(unfinished)
-
-    def _apply(self, handle: ScoringHandle, index: int) -> None:
-        response, gold = handle._pairs[index]
-        self._pool.apply_async(
-            score_response,
-            (response, gold, self.timeout_s, handle._rules[index]),
-            callback=partial(handle._on_result, index),
-            error_callback=partial(handle._on_error, index),
-        )
-
-    def _done(self, handle: ScoringHandle) -> None:
-        self._pending.remove(handle)
-        self._count(handle._results)
-
-    def _count(self, results: Sequence[RewardResult]) -> None:
-        self.timeouts += sum(result.status == "timeout" for result in results)
-        self.errors += sum(result.status == "error" for result in results)
 
     def submit(
         self, pairs: Sequence[tuple[str, str]], rule: AnswerRule | Sequence[AnswerRule] = "math-verify"
@@ -430,16 +356,39 @@ class RewardScorer:
             raise ValueError(f"{len(rules)} answer rules for {len(pairs)} pairs")
         for name in set(rules):
             _check_rule(name)  # here, not in a worker, where it would only read as status "error"
-        handle = ScoringHandle(self, pairs, rules)
+        batch = _Batch(pairs, rules, time.monotonic(), [None] * len(pairs), [0] * len(pairs))
         if self._pool is None:
             for index, ((response, gold), name) in enumerate(zip(pairs, rules, strict=True)):
-                handle._finished.put((index, score_response(response, gold, self.timeout_s, name)))
+                batch.take(index, score_response(response, gold, self.timeout_s, name))
         else:
             self._replace_dead_workers()  # a worker that died idle would stop the pool before this batch
-            for index in range(len(handle._pairs)):
-                self._apply(handle, index)
-        self._pending.append(handle)
-        return handle
+            for index in range(len(pairs)):
+                self._apply(batch, index)
+        self._pending.append(batch)
+        return ScoringHandle(self, batch)
+
+    def wait(self, batch: _Batch) -> list[RewardResult]:
+        """``batch``'s results in submission order, once all are in (what ``ScoringHandle.get`` returns):
+        an item a stalled worker was stuck on scores 0 ("timeout"), an item a dead worker held is scored
+        again. A UserError when workers keep dying on one item."""
+        while True:
+            self._take_arrived()
+            if not batch.missing():
+                break
+            self._replace_dead_workers()
+            wait_s = self._stall_deadline(batch.submitted_at) - time.monotonic()
+            if wait_s <= 0:
+                self._recover_from_stall()
+                continue
+            try:
+                arrived, index, result = self._arrived.get(timeout=min(wait_s, DEATH_CHECK_S))
+            except queue.Empty:
+                continue  # another batch may have made progress, which moves the deadline
+            arrived.take(index, result)
+        self._pending.remove(batch)
+        self.timeouts += sum(result.status == "timeout" for result in batch.results)
+        self.errors += sum(result.status == "error" for result in batch.results)
+        return list(batch.results)
 
     def close(self) -> None:
         """Stop the worker processes."""
@@ -454,16 +403,80 @@ class RewardScorer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _apply(self, batch: _Batch, index: int) -> None:
+        response, gold = batch.pairs[index]
+        self._pool.apply_async(
+            score_response,
+            (response, gold, self.timeout_s, batch.rules[index]),
+            callback=partial(self._arrive, batch, index),
+            error_callback=partial(self._arrive_failed, batch, index),
+        )
 
-def score_batch(
-    pairs: Sequence[tuple[str, str]],
-    workers: int,
-    timeout_s: float = 5.0,
-    rule: AnswerRule | Sequence[AnswerRule] = "math-verify",
-) -> list[RewardResult]:
-    """Score (response, gold) pairs under answer ``rule`` in ``workers`` spawned processes (0: in this
-    process), in order."""
-    if not pairs:
-        return []
-    with RewardScorer(workers, timeout_s) as scorer:
-        return scorer.submit(pairs, rule).get()
+    def _arrive(self, batch: _Batch, index: int, result: RewardResult) -> None:
+        # Runs in the pool's result thread.
+        self._last_result_at = time.monotonic()
+        self._arrived.put((batch, index, result))
+
+    def _arrive_failed(self, batch: _Batch, index: int, error: BaseException) -> None:
+        self._arrive(batch, index, RewardResult(0.0, None, "error"))
+
+    def _take_arrived(self) -> None:
+        """Put every result that has arrived in its batch."""
+        while True:
+            try:
+                batch, index, result = self._arrived.get_nowait()
+            except queue.Empty:
+                return
+            batch.take(index, result)
+
+    def _start_pool(self, items: list[tuple[_Batch, int]]) -> None:
+        """Start a pool and send it ``items``; every pending batch's stall clock starts again."""
+        # spawn, not fork: forking a process that holds torch/vLLM threads can deadlock the child.
+        context = multiprocessing.get_context("spawn")
+        self._pool = context.Pool(self.workers, initializer=_init_worker)
+        self._workers = worker_processes(self._pool)  # their sentinels tell of a death
+        self._last_result_at = None
+        for batch in self._pending:
+            batch.submitted_at = time.monotonic()
+        for batch, index in items:
+            self._apply(batch, index)
+
+    def _stop_pool(self) -> list[tuple[_Batch, int]]:
+        """Stop the pool; the unfinished items of all pending batches, in the pool's FIFO task order, so
+        the first ``workers`` of them are the ones the workers held."""
+        discard(self._pool)
+        self._take_arrived()
+        return [(batch, index) for batch in self._pending for index in batch.missing()]
+
+    def _stall_deadline(self, submitted_at: float) -> float:
+        """When a batch submitted at ``submitted_at`` gives up, unless some result arrives before then."""
+        if self._last_result_at is None:
+            return submitted_at + self.hard_limit_s + POOL_STARTUP_GRACE_S
+        # Progress is pool-wide: a batch queued behind another one waits while that one advances.
+        return max(self._last_result_at, submitted_at) + self.hard_limit_s
+
+    def _recover_from_stall(self) -> None:
+        """Replace the pool: the items the workers were stuck on time out; all later ones are sent to the
+        new pool."""
+        unfinished = self._stop_pool()
+        self.restarts += 1
+        for batch, index in unfinished[: self.workers]:
+            batch.take(index, RewardResult(0.0, last_boxed_content(batch.pairs[index][0]), "timeout"))
+        self._start_pool(unfinished[self.workers :])
+
+    def _replace_dead_workers(self) -> None:
+        """When a worker has died, replace the pool and send every unfinished item to the new one; a
+        UserError when an item the workers held has now been held at ``MAX_WORKER_DEATHS`` deaths."""
+        # A dead worker's sentinel reads as ready at once; its exit code may read None while the pool's own
+        # thread reaps it, and is read only once the pool is stopped (that thread joined).
+        ended = set(wait([worker.sentinel for worker in self._workers], timeout=0))
+        dead = [worker for worker in self._workers if worker.sentinel in ended]
+        if not dead:
+            return
+        unfinished = self._stop_pool()
+        self.worker_deaths += len(dead)
+        for batch, index in unfinished[: self.workers]:
+            batch.deaths[index] += 1
+            if batch.deaths[index] >= MAX_WORKER_DEATHS:
+                raise UserError(_deaths_message(dead[0], *batch.pairs[index]))
+        self._start_pool(unfinished)

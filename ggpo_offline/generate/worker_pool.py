@@ -21,7 +21,7 @@ LOCK_WAIT_S = 1.0
 
 def worker_processes(pool: Pool) -> list[BaseProcess]:
     """The pool's worker processes now. The pool drops a dead worker from its list at once (and starts
-    another), so keep this list to see a death later in its exit codes."""
+    another), so keep this list to see a death later in its sentinels and exit codes."""
     return list(pool._pool)
 
 
