@@ -6,6 +6,8 @@ import math
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -157,6 +159,20 @@ def test_disabled_tracking_gives_a_null_tracker_that_writes_nothing(tmp_path, mo
     tracker.flush()
     tracker.close("FAILED")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_untracked_run_and_the_reachability_check_never_import_mlflow(tmp_path):
+    """MLflow takes seconds to import: a --no-tracking run, and every torchrun worker but rank 0, skip it."""
+    code = (
+        "import sys; from ggpo_offline.core import tracking; "
+        "tracking.start_tracking(experiment='off', run_name='r', enabled=False).close(); "
+        f"tracking.check_tracking_reachable('sqlite:///{tmp_path}/mlruns.db'); "
+        "import ggpo_offline.train.trainer, ggpo_offline.train.run; "
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'mlflow'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_default_uri_follows_mlflow_tracking_uri_and_makes_sqlite_paths_absolute(store_dir, monkeypatch):

@@ -14,7 +14,7 @@ from mlflow.exceptions import MlflowException, RestException
 from mlflow.protos.databricks_pb2 import BAD_REQUEST, TEMPORARILY_UNAVAILABLE
 from mlflow.tracking import MlflowClient
 
-from ggpo_offline.core import tracking
+from ggpo_offline.core import mlflow_runs
 from ggpo_offline.core.errors import UserError
 
 GGPO = str(Path(sys.executable).parent / "ggpo")
@@ -73,7 +73,8 @@ def test_four_train_jobs_started_at_once_share_one_fresh_default_store(hf_pool, 
 def test_processes_opening_one_fresh_store_at_once_all_find_it_migrated(tmp_path):
     uri = f"sqlite:///{tmp_path / 'fresh.db'}"
     code = (
-        f"from ggpo_offline.core.tracking import _client; _client({uri!r}).search_experiments(max_results=1)"
+        "from ggpo_offline.core.mlflow_runs import _client; "
+        f"_client({uri!r}).search_experiments(max_results=1)"
     )
     jobs = [
         subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(3)
@@ -88,11 +89,11 @@ def test_store_lock_held_too_long_is_one_user_error(tmp_path, monkeypatch):
     from filelock import FileLock
 
     db = tmp_path / "held.db"
-    monkeypatch.setattr(tracking, "STORE_LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(mlflow_runs, "STORE_LOCK_TIMEOUT_S", 0.2)
     with FileLock(f"{db}.lock"):
         # A separate FileLock object (as another process would hold) keeps the lock in this process too.
         with pytest.raises(UserError) as caught:
-            tracking._client(f"sqlite:///{db}")
+            mlflow_runs._client(f"sqlite:///{db}")
     assert str(caught.value) == (
         f"MLflow store {db} is locked by another process for more than 0.2 s: {db}.lock is held while "
         "a job creates the store; retry when it is done, or pass --no-tracking"
@@ -102,7 +103,7 @@ def test_store_lock_held_too_long_is_one_user_error(tmp_path, monkeypatch):
 @pytest.fixture
 def sleeps(monkeypatch) -> list[float]:
     slept: list[float] = []
-    monkeypatch.setattr(tracking.time, "sleep", slept.append)
+    monkeypatch.setattr(mlflow_runs.time, "sleep", slept.append)
     return slept
 
 
@@ -121,9 +122,9 @@ def failing(errors: list[Exception], result: str = "done"):
 
 def test_sqlite_lock_errors_are_retried_with_growing_pauses(sleeps):
     call = failing([MlflowException(LOCKED, TEMPORARILY_UNAVAILABLE) for _ in range(2)])
-    assert tracking._with_retries(call, "metrics", "sqlite:///x.db") == "done"
+    assert mlflow_runs._with_retries(call, "metrics", "sqlite:///x.db") == "done"
     assert call.calls == 3
-    assert sleeps == list(tracking.RETRY_PAUSES_S[:2])
+    assert sleeps == list(mlflow_runs.RETRY_PAUSES_S[:2])
     assert sleeps[1] > sleeps[0]
 
 
@@ -131,35 +132,35 @@ def test_a_servers_503_and_429_are_retried_but_not_its_other_errors(sleeps):
     busy = RestException({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "try later"})
     throttled = RestException({"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "slow down"})
     call = failing([busy, throttled])
-    assert tracking._with_retries(call, "tags", "http://host:5000") == "done"
+    assert mlflow_runs._with_retries(call, "tags", "http://host:5000") == "done"
     assert call.calls == 3
     call = failing([RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "bad key"})])
     with pytest.raises(RestException, match="bad key"):
-        tracking._with_retries(call, "tags", "http://host:5000")
+        mlflow_runs._with_retries(call, "tags", "http://host:5000")
     assert call.calls == 1 and len(sleeps) == 2
 
 
 def test_a_non_transient_error_is_raised_at_once(sleeps):
     call = failing([MlflowException("Run 'abc' not found", BAD_REQUEST)])
     with pytest.raises(MlflowException, match="Run 'abc' not found"):
-        tracking._with_retries(call, "metrics", "sqlite:///x.db")
+        mlflow_runs._with_retries(call, "metrics", "sqlite:///x.db")
     assert call.calls == 1 and sleeps == []
     # Another SQLite failure is wrapped the same way as a lock, with the same code, but waiting cannot fix it.
     call = failing(
         [MlflowException("(sqlite3.OperationalError) no such table: runs", TEMPORARILY_UNAVAILABLE)]
     )
     with pytest.raises(MlflowException, match="no such table"):
-        tracking._with_retries(call, "metrics", "sqlite:///x.db")
+        mlflow_runs._with_retries(call, "metrics", "sqlite:///x.db")
     assert call.calls == 1 and sleeps == []
 
 
 def test_a_lock_that_never_clears_ends_in_one_user_error_after_the_bounded_attempts(sleeps):
-    attempts = len(tracking.RETRY_PAUSES_S) + 1
+    attempts = len(mlflow_runs.RETRY_PAUSES_S) + 1
     call = failing([MlflowException(LOCKED, TEMPORARILY_UNAVAILABLE) for _ in range(attempts + 5)])
     with pytest.raises(UserError) as caught:
-        tracking._with_retries(call, "metrics of run abc", "sqlite:///x.db")
+        mlflow_runs._with_retries(call, "metrics of run abc", "sqlite:///x.db")
     assert call.calls == attempts == 6
-    assert sleeps == list(tracking.RETRY_PAUSES_S) and sum(sleeps) <= 30
+    assert sleeps == list(mlflow_runs.RETRY_PAUSES_S) and sum(sleeps) <= 30
     assert str(caught.value) == (
         f"MLflow store sqlite:///x.db: writing metrics of run abc failed {attempts} times over "
         f"{sum(sleeps):g} s (database is locked); too many jobs write to it at once: "
