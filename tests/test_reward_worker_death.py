@@ -117,9 +117,11 @@ def test_closing_after_a_worker_was_killed_stops_every_worker(worker_pids):
 def kill_each_new_worker(scorer: RewardScorer, worker_pids, times: int, killed: list[int]) -> None:
     while len(killed) < times:
         # Only once the scorer has replaced the pool of the last one killed: a multiprocessing Pool starts
-        # a worker in place of a dead one itself, in the pool the scorer is about to discard.
+        # a worker in place of a dead one itself, in the pool the scorer is about to discard. The deaths are
+        # read before the processes: a list taken first could still hold that doomed replacement.
+        replaced = scorer.worker_deaths == len(killed)
         new = [pid for pid in worker_pids() if pid not in killed]
-        if new and scorer.worker_deaths == len(killed):
+        if replaced and new:
             os.kill(new[0], signal.SIGKILL)
             killed.append(new[0])
         time.sleep(0.01)

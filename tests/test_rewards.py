@@ -132,7 +132,8 @@ def test_exception_is_scored_as_error(monkeypatch):
     def broken_verify(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(rewards, "verify", broken_verify)
+    parse, _ = rewards._math_verify()
+    monkeypatch.setattr(rewards, "_math_verify", lambda: (parse, broken_verify))
     assert score_response("\\boxed{5}", "5") == RewardResult(0.0, "5", "error")
 
 

@@ -28,17 +28,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import lru_cache, partial
+from functools import cache, lru_cache, partial
 from multiprocessing.connection import wait
 from multiprocessing.pool import Pool
 from multiprocessing.process import BaseProcess
 from typing import Literal, get_args
-
-from math_verify import LatexExtractionConfig, parse, verify
 
 from ggpo_offline.core.errors import UserError, how_it_ended, one_line
 from ggpo_offline.core.lifetime import exit_with_parent
@@ -83,7 +81,6 @@ DEATH_CHECK_S = 0.5
 # (memory), and an endless retry would hide that.
 MAX_WORKER_DEATHS = 3
 
-_PARSE_CONFIG = (LatexExtractionConfig(),)
 # ASCII digits only: Python's \d (and Decimal) would also take digits of other scripts.
 _PLAIN_NUMBER = re.compile(r"\s*([+-]?[0-9]+(?:\.[0-9]+)?)\s*", re.ASCII)
 # \boxed{ opens a box; \{ \} \\ are escapes that must not count as braces; { and } are plain braces.
@@ -140,6 +137,16 @@ def last_boxed_content(text: str) -> str | None:
     return text[last_start:last_end].strip()
 
 
+@cache
+def _math_verify() -> tuple[Callable[[str], list], Callable[[list, list], bool]]:
+    """math-verify's parse (boxed-answer extraction, no time limit of its own) and verify, imported on first
+    use: they bring in sympy, about a second that every `ggpo` command would otherwise pay at start."""
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    parse_boxed = partial(parse, extraction_config=(LatexExtractionConfig(),), parsing_timeout=None)
+    return parse_boxed, partial(verify, timeout_seconds=None)
+
+
 @lru_cache(maxsize=4096)
 def _parse_gold(gold: str) -> tuple:
     # Cached because the m responses to one prompt share its gold; a tuple so callers can't mutate it.
@@ -148,7 +155,8 @@ def _parse_gold(gold: str) -> tuple:
 
 def _parse_boxed(content: str) -> list:
     # Re-boxing the content sends it through math-verify's boxed-answer normalization (units, \text, ...).
-    return parse(f"\\boxed{{{content}}}", extraction_config=_PARSE_CONFIG, parsing_timeout=None)
+    parse, _ = _math_verify()
+    return parse(f"\\boxed{{{content}}}")
 
 
 @contextmanager
@@ -220,12 +228,13 @@ def score_response(
         return RewardResult(0.0, None, "no_box")
     if rule == "number":
         return _score_number(extracted, gold)
+    _, verify = _math_verify()  # imported outside the time limit: a first import may take longer
     try:
         with _time_limit(timeout_s):
             gold_parsed = list(_parse_gold(gold))
             if not gold_parsed:
                 return RewardResult(0.0, extracted, "error")
-            correct = verify(gold_parsed, _parse_boxed(extracted), timeout_seconds=None)
+            correct = verify(gold_parsed, _parse_boxed(extracted))
     except _ScoringTimeout:
         return RewardResult(0.0, extracted, "timeout")
     except Exception:
