@@ -29,7 +29,7 @@ from mlflow.utils.validation import (  # noqa: E402
 )
 
 from ggpo_offline.core.errors import UserError  # noqa: E402
-from ggpo_offline.core.tracking import ARTIFACT_FOLDER, RunEndStatus, sqlite_path  # noqa: E402
+from ggpo_offline.core.store import RunEndStatus, artifact_location, sqlite_path  # noqa: E402
 
 STORE_LOCK_TIMEOUT_S = 120.0  # creating a store takes ~10 s on a slow disk; far longer means a stuck job
 RETRY_PAUSES_S = (1.0, 2.0, 4.0, 8.0, 15.0)  # 6 attempts; SQLite already waits 20 s for its lock in each
@@ -109,7 +109,7 @@ def open_run(
         tracker.set_tags(tags)
         return tracker
     experiment_id = _with_retries(
-        lambda: _experiment_id(client, experiment, artifact_location=_artifact_location(uri)),
+        lambda: _experiment_id(client, experiment, artifact_location=artifact_location(uri)),
         f"experiment {experiment!r}",
         uri,
     )
@@ -222,9 +222,3 @@ def _experiment_id(client: MlflowClient, name: str, *, artifact_location: str | 
         if existing is None:
             raise
         return existing.experiment_id
-
-
-def _artifact_location(uri: str) -> str | None:
-    """Artifacts of a SQLite store go to `mlruns/` beside the database; other stores choose for themselves."""
-    db_path = sqlite_path(uri)
-    return None if db_path is None else (db_path.parent / ARTIFACT_FOLDER).resolve().as_uri()

@@ -9,15 +9,16 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from ggpo_offline.core.errors import UserError
-
-DEFAULT_DB_FILE = "mlruns.db"
-ARTIFACT_FOLDER = "mlruns"  # beside the SQLite file
-SQLITE_PREFIX = "sqlite:///"
-
-RunEndStatus = Literal["FINISHED", "FAILED", "KILLED"]
+from ggpo_offline.core.store import (
+    DEFAULT_DB_FILE,
+    SQLITE_PREFIX,
+    RunEndStatus,
+    absolute_sqlite_uri,
+    sqlite_path,
+)
 
 
 class Tracker(Protocol):
@@ -150,21 +151,6 @@ def set_parent(tracking_uri: str, run_id: str, parent_run_id: str) -> None:
     from ggpo_offline.core import mlflow_runs
 
     mlflow_runs.set_parent(absolute_sqlite_uri(tracking_uri), run_id, parent_run_id)
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a `sqlite:///` URI (relative to the cwd unless absolute); None for others."""
-    if not uri.startswith(SQLITE_PREFIX):
-        return None
-    path = uri.removeprefix(SQLITE_PREFIX).split("?", 1)[0]
-    return None if path in ("", ":memory:") else Path(path)
-
-
-def absolute_sqlite_uri(uri: str) -> str:
-    db_path = sqlite_path(uri)
-    if db_path is None or db_path.is_absolute():
-        return uri
-    return f"{SQLITE_PREFIX}{Path.cwd()}/{uri.removeprefix(SQLITE_PREFIX)}"
 
 
 def _http_failure(url: str, timeout_s: float) -> str | None:
