@@ -258,7 +258,7 @@ def _init_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A worker holds both ends of the task queue, so it would wait forever for tasks of a killed parent.
     exit_with_parent()
-    # The first parse builds math-verify's lazy state (~0.2 s); do it here, outside any item's time limit.
+    # The first score imports math-verify and builds its lazy state; do it here, outside any item's limit.
     score_response("\\boxed{1}", "1", timeout_s=60.0)
 
 
