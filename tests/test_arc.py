@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import synthetic_metadata, write_synthetic_pool
-from test_cli import assert_one_error_line, ggpo
+from test_cli import assert_one_error_line, ggpo_here
 from test_report import _record, _report, refuse_reading_back
 
 from ggpo_offline.compare.arc import _records, ablation_runs, ablation_table, arc_report, styles_table
@@ -361,7 +361,7 @@ def test_a_styles_seed_outside_the_seeds_is_refused_before_anything_is_read(tmp_
 
 def test_a_part_that_is_no_compare_report_is_one_error_line(tmp_path):
     out = tmp_path / "arc"
-    result = ggpo("arc-report", "--methods", "grpo", "--parts", str(tmp_path), "--out", str(out))
+    result = ggpo_here("arc-report", "--methods", "grpo", "--parts", str(tmp_path), "--out", str(out))
     assert result.returncode == 1
     assert_one_error_line(result, f"error: {tmp_path}: no compare.json; give folders written by ggpo compare")
     assert not out.exists()

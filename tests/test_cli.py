@@ -1,7 +1,8 @@
 """The `ggpo` command as a user runs it: a CPU smoke run per command and one clear line per bad input."""
 
+import contextlib
+import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,23 @@ GGPO = [str(Path(sys.executable).parent / "ggpo")]
 
 
 def ggpo(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """The command in a new process, as a user runs it."""
     return subprocess.run(GGPO + list(args), capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def ggpo_here(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """The command through the same entry point (`ggpo_cli.main.main`) in this process: what it prints and
+    how it exits, without the seconds of imports a new process pays (torch, transformers) before it fails."""
+    from ggpo_cli.main import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else 1
+    return subprocess.CompletedProcess(["ggpo", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess, expected: str) -> None:
@@ -65,7 +82,9 @@ def test_generate_pool_with_the_hf_engine_end_to_end(tmp_path):
 
 
 def test_unknown_model_path(tmp_path):
-    result = ggpo("generate-pool", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "p.parquet"))
+    result = ggpo_here(
+        "generate-pool", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "p.parquet")
+    )
     assert_one_error_line(result, "no such model folder")
     assert not (tmp_path / "p.parquet").exists()
 
@@ -73,9 +92,9 @@ def test_unknown_model_path(tmp_path):
 def test_dataset_with_missing_columns(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"text": "What is 1 + 1?", "gold": "2"}) + "\n")
-    result = ggpo("generate-pool", "--dataset", str(data), "--out", str(tmp_path / "p.parquet"))
+    result = ggpo_here("generate-pool", "--dataset", str(data), "--out", str(tmp_path / "p.parquet"))
     assert_one_error_line(result, "column")
-    result = ggpo(
+    result = ggpo_here(
         "generate-pool",
         "--dataset",
         str(data),
@@ -93,14 +112,14 @@ def test_dataset_with_missing_columns(tmp_path):
 def test_empty_dataset(tmp_path):
     data = tmp_path / "empty.jsonl"
     data.write_text("")
-    result = ggpo("generate-pool", "--dataset", str(data), "--out", str(tmp_path / "p.parquet"))
+    result = ggpo_here("generate-pool", "--dataset", str(data), "--out", str(tmp_path / "p.parquet"))
     assert_one_error_line(result, "empty")
 
 
 def test_existing_output_is_not_overwritten(tmp_path):
     out = write_synthetic_pool(tmp_path / "keep.parquet")
     before = out.read_bytes()
-    result = ggpo("generate-pool", "--out", str(out))
+    result = ggpo_here("generate-pool", "--out", str(out))
     assert_one_error_line(result, "already exists; pass --overwrite")
     assert out.read_bytes() == before
 
@@ -109,16 +128,16 @@ def test_validate_corrupted_pool(tmp_path):
     out = write_synthetic_pool(tmp_path / "p.parquet", groups=30)
     data = out.read_bytes()
     out.write_bytes(data[: len(data) - 40])
-    result = ggpo("pool", "validate", str(out))
+    result = ggpo_here("pool", "validate", str(out))
     assert result.returncode == 1
     assert_one_error_line(result, "not a readable Parquet file")
-    assert_one_error_line(ggpo("pool", "inspect", str(out)), "not a readable Parquet file")
+    assert_one_error_line(ggpo_here("pool", "inspect", str(out)), "not a readable Parquet file")
 
 
 def test_bad_flag_values_are_one_line(tmp_path):
-    result = ggpo("generate-pool", "--temperature", "0", "--out", str(tmp_path / "p.parquet"))
+    result = ggpo_here("generate-pool", "--temperature", "0", "--out", str(tmp_path / "p.parquet"))
     assert_one_error_line(result, "--temperature must be > 0")
-    result = ggpo("generate-pool", "--engine", "tgi", "--out", str(tmp_path / "q.parquet"))
+    result = ggpo_here("generate-pool", "--engine", "tgi", "--out", str(tmp_path / "q.parquet"))
     assert_one_error_line(result, "unknown --engine 'tgi'; choose one of vllm, hf")
 
 
@@ -141,7 +160,7 @@ def test_pool_inspect_shows_the_pools_answer_rule(tmp_path, capsys, monkeypatch)
 
 @pytest.mark.parametrize("what", ["validate", "inspect"])
 def test_pool_commands_on_a_missing_file(tmp_path, what):
-    assert_one_error_line(ggpo("pool", what, str(tmp_path / "missing.parquet")), "no such pool file")
+    assert_one_error_line(ggpo_here("pool", what, str(tmp_path / "missing.parquet")), "no such pool file")
 
 
 def test_train_command_end_to_end_with_mlflow(vllm_pool, tmp_path):
@@ -175,7 +194,7 @@ def test_train_command_end_to_end_with_mlflow(vllm_pool, tmp_path):
     run_id = result.stdout.split("MLflow run: ")[1].split()[0]
     series = read_metric_series(uri, run_id)
     assert [value for _, value in series["mismatch/drift"]] == [r["mismatch/drift"] for r in records]
-    assert_one_error_line(ggpo(*args, cwd=tmp_path), "already exists; pass --resume")
+    assert_one_error_line(ggpo_here(*args, cwd=tmp_path), "already exists; pass --resume")
     # The final model is a Hugging Face folder that vLLM loads: test_train's evaluation test samples from one
     # in a fresh `ggpo eval`. Unknown methods and missing pools are refused in-process (test_train,
     # test_pool); the one-line path of `train` is the --resume refusal above.
@@ -203,7 +222,7 @@ def test_compare_command_reports_and_refuses_bad_input(vllm_pool, tmp_path):
     assert "| update | GRPO | GGPO |" in result.stdout and f"report: {out}/README.md" in result.stdout
     assert "[1/2] grpo-s3: training" in result.stderr
 
-    again = ggpo(*args, cwd=tmp_path)
+    again = ggpo_here(*args, cwd=tmp_path)
     assert again.returncode == 0 and "[2/2] ggpo-s3: reusing" in again.stderr
     # Changed settings and a folder of the user's own are refused in-process (test_compare).
 
@@ -221,10 +240,10 @@ def test_pool_score_writes_the_pi0_cache_once(vllm_pool, tmp_path):
     assert cache.parent == tmp_path and cache.name.startswith("pool.pi0-") and cache.is_file()
     stamp = cache.stat().st_mtime_ns
     assert ensure_pi0_cache(pool).path == cache and cache.stat().st_mtime_ns == stamp  # found, not rescored
-    assert_one_error_line(ggpo("pool", "score", str(tmp_path / "none.parquet")), "no such pool file")
+    assert_one_error_line(ggpo_here("pool", "score", str(tmp_path / "none.parquet")), "no such pool file")
 
 
-def test_train_with_an_unreachable_tracking_server_stops_before_training(tmp_path, tiny_dir):
+def test_train_with_an_unreachable_tracking_server_stops_before_training(tmp_path, tiny_dir, monkeypatch):
     import socket
 
     rows = synthetic_rows(groups=4, m=4)
@@ -237,20 +256,13 @@ def test_train_with_an_unreachable_tracking_server_stops_before_training(tmp_pat
         closed.bind(("127.0.0.1", 0))
         server = f"http://127.0.0.1:{closed.getsockname()[1]}"
         assert_one_error_line(
-            ggpo(*args, "--tracking-uri", server, cwd=tmp_path),
+            ggpo_here(*args, "--tracking-uri", server, cwd=tmp_path),
             f"MLflow tracking server {server} is unreachable",
         )
         assert not (tmp_path / "run").exists()  # nothing trained, nothing written
         # --no-tracking never contacts a store, even when the environment names the unreachable one.
-        env = {**os.environ, "MLFLOW_TRACKING_URI": server}
-        result = subprocess.run(
-            GGPO + args + ["--no-tracking"],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=600,
-        )
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+        result = ggpo_here(*args, "--no-tracking", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "run" / "final").is_dir() and not (tmp_path / "mlruns.db").exists()
 
@@ -272,7 +284,7 @@ def test_usage_errors_are_click_messages_without_a_traceback(args, expected, cap
 
 
 def test_train_refuses_a_missing_pool_before_showing_its_settings(tmp_path):
-    result = ggpo("train", "--pool", str(tmp_path / "absent.parquet"), "--method", "grpo")
+    result = ggpo_here("train", "--pool", str(tmp_path / "absent.parquet"), "--method", "grpo")
     assert_one_error_line(result, "absent.parquet: no such pool file or directory")
     assert result.stdout == ""
 
@@ -294,7 +306,7 @@ def test_a_malformed_config_file_is_one_line_naming_it(tmp_path, command, name):
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     pool = write_synthetic_pool(tmp_path / "pool.parquet")
-    result = ggpo(command, "--config", str(path), "--pool", str(pool), "--out", str(tmp_path / "out"))
+    result = ggpo_here(command, "--config", str(path), "--pool", str(pool), "--out", str(tmp_path / "out"))
     assert_one_error_line(result, f"--config {path}: ")
     assert problem in result.stderr and result.stdout == ""
     assert not (tmp_path / "out").exists()

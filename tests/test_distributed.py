@@ -196,27 +196,31 @@ def test_killed_processes_are_one_line_each_and_resume_gives_the_uninterrupted_r
     assert all(torch.equal(trained[name], expected[name]) for name in expected)
 
 
-def test_job_size_errors_are_one_line_before_or_from_the_workers(vllm_pool, tmp_path):
+def test_job_size_errors_are_one_line_before_any_worker_starts(vllm_pool, tmp_path, monkeypatch):
+    import torch.distributed.launcher.api as launcher_api
+    from test_cli import ggpo_here
+
+    def no_workers(*args, **kwargs):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(launcher_api, "elastic_launch", no_workers)
     config = TrainConfig(
         pool=vllm_pool, updates=2, groups_per_batch=3, lr=1e-4, ref_refresh=2, micro_batch_size=8,
         save_every=1, no_tracking=True, out=tmp_path / "run",
     )  # fmt: skip
-    done = subprocess.run([GGPO, "train", "--nproc", "2", *_flags(config)], capture_output=True, text=True)
+    done = ggpo_here("train", "--nproc", "2", *_flags(config))
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         "error: --groups-per-batch 3 does not split evenly over 2 processes; "
         "choose G divisible by the number of processes"
     ]
     train(replace(config, groups_per_batch=2, updates=1))  # one process, checkpoint at update 1
-    done = subprocess.run(
-        [GGPO, "train", "--nproc", "2", "--resume", *_flags(replace(config, groups_per_batch=2, updates=1))],
-        capture_output=True,
-        text=True,
+    done = ggpo_here(
+        "train", "--nproc", "2", "--resume", *_flags(replace(config, groups_per_batch=2, updates=1))
     )
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1] == (
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
         f"error: --resume: {config.out} was trained by 1 process(es); resume it with the same number (now 2)"
-    )
+    ]
 
 
 FSDP_BF16_CHECK = """

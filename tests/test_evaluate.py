@@ -10,7 +10,7 @@ from fractions import Fraction
 
 import pytest
 from conftest import write_synthetic_pool
-from test_cli import assert_one_error_line, ggpo
+from test_cli import assert_one_error_line, ggpo, ggpo_here
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.config import EvalConfig
@@ -304,10 +304,12 @@ def test_eval_command_with_the_hf_engine(tmp_path):
     assert report["settings"]["engine"]["name"] == "hf"
 
     before = out.read_bytes()
-    assert_one_error_line(ggpo(*args, "--out", str(out)), "already exists; pass --overwrite")
+    assert_one_error_line(ggpo_here(*args, "--out", str(out)), "already exists; pass --overwrite")
     assert out.read_bytes() == before
 
 
 def test_eval_command_bad_flags_are_one_line(tmp_path):
-    assert_one_error_line(ggpo("eval", "-k", "0"), "-k values must be >= 1, got 0")
-    assert_one_error_line(ggpo("eval", "--dataset", str(tmp_path / "none.jsonl")), "dataset file not found")
+    assert_one_error_line(ggpo_here("eval", "-k", "0"), "-k values must be >= 1, got 0")
+    assert_one_error_line(
+        ggpo_here("eval", "--dataset", str(tmp_path / "none.jsonl")), "dataset file not found"
+    )

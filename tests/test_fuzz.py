@@ -12,6 +12,7 @@ import pytest
 from conftest import synthetic_metadata, synthetic_rows, write_synthetic_pool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_cli import ggpo_here
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.schema import METADATA_KEY, POOL_SCHEMA
@@ -359,9 +360,7 @@ def _assert_one_line(returncode: int, stdout: str, stderr: str, expected: str) -
 
 def test_pool_validate_command_stops_with_one_line(tmp_path):
     for _, pool, expected in _representative(tmp_path):
-        result = subprocess.run(
-            [GGPO, "pool", "validate", str(pool)], capture_output=True, text=True, timeout=60
-        )
+        result = ggpo_here("pool", "validate", str(pool))
         _assert_one_line(result.returncode, result.stdout, result.stderr, expected)
 
 

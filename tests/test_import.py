@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from rollout_formats import WRITERS, pool_groups, write_generic, write_verl, write_vllm_chat
-from test_cli import assert_one_error_line, ggpo
+from test_cli import assert_one_error_line, ggpo_here
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import tiny_model_dir
@@ -362,6 +362,6 @@ def test_the_command_prints_one_error_line_and_keeps_an_existing_pool(hf_pool, t
     out = tmp_path / "pool.parquet"
     out.write_bytes(b"an earlier pool")
     args = ("pool", "import", "--from", "generic", str(source), "--model", str(tiny_model_dir()))
-    result = ggpo(*args, "--out", str(out), "--overwrite")  # refused before anything is replaced
+    result = ggpo_here(*args, "--out", str(out), "--overwrite")  # refused before anything is replaced
     assert_one_error_line(result, "response token id 151645 is outside --model's vocabulary (100 ids)")
     assert out.read_bytes() == b"an earlier pool"

@@ -74,12 +74,15 @@ def preferences(model_dir, held_out: dict[str, list[str]]) -> dict[str, float]:
     marker = {style.name: tokenizer.convert_tokens_to_ids(style.marker[0]) for style in STYLES}
     result = {}
     for name, questions in held_out.items():
-        gaps = []
+        by_length: dict[int, list[list[int]]] = {}
         for question in questions:
-            ids = torch.tensor([prompt_ids(tokenizer, question)])
-            logp = model(input_ids=ids).logits[0, -1].log_softmax(-1)
-            gaps.append(logp[marker[BEST_STYLE[name]]] - logp[marker[RIVAL[name]]])
-        result[name] = float(torch.stack(gaps).mean())
+            ids = prompt_ids(tokenizer, question)
+            by_length.setdefault(len(ids), []).append(ids)
+        gaps = []
+        for prompts in by_length.values():  # prompts of one length in one forward: no padding needed
+            logp = model(input_ids=torch.tensor(prompts)).logits[:, -1].log_softmax(-1)
+            gaps.append(logp[:, marker[BEST_STYLE[name]]] - logp[:, marker[RIVAL[name]]])
+        result[name] = float(torch.cat(gaps).mean())
     return result
 
 

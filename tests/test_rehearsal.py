@@ -123,7 +123,7 @@ def test_the_command_builds_the_same_files_from_the_same_seed(
 ):
     """`ggpo build-rehearsal-model` (a separate process) writes the session's build byte for byte; another
     seed gives other weights; a non-empty folder is kept (the check build-tiny-model shares)."""
-    from test_cli import assert_one_error_line, ggpo
+    from test_cli import assert_one_error_line, ggpo, ggpo_here
 
     again = tmp_path / "again"
     result = ggpo("build-rehearsal-model", "--out", str(again), "--seed", "0")
@@ -133,7 +133,7 @@ def test_the_command_builds_the_same_files_from_the_same_seed(
     built = _file_hashes(rehearsal_dir)
     assert _file_hashes(again) == built
     assert {"model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= built.keys()
-    assert_one_error_line(ggpo("build-rehearsal-model", "--out", str(again)), "exists and is not empty")
+    assert_one_error_line(ggpo_here("build-rehearsal-model", "--out", str(again)), "exists and is not empty")
     other = _file_hashes(other_rehearsal_dir)
     assert other.keys() == built.keys() and other["tokenizer.json"] == built["tokenizer.json"]
     assert other["model.safetensors"] != built["model.safetensors"]

@@ -491,7 +491,7 @@ def test_a_ceilings_file_that_is_not_a_forced_measure_is_refused_in_one_line(tmp
 
 
 def test_ggpo_report_recomputes_a_committed_report_from_its_counts(tmp_path):
-    from test_cli import assert_one_error_line, ggpo
+    from test_cli import assert_one_error_line, ggpo_here
 
     from ggpo_offline.compare.config import RefreshConfig
     from ggpo_offline.compare.refresh import refresh_report
@@ -507,15 +507,19 @@ def test_ggpo_report_recomputes_a_committed_report_from_its_counts(tmp_path):
         (folder / name).write_text(old)
     (folder / "README.md").write_text(readme.replace(STATISTICS, "The bootstrap of an older version."))
     (folder / "table.csv").write_text("table\n")
-    assert_one_error_line(ggpo("report", "--folder", str(folder)), "has ceilings.md: give --ceilings FILE")
+    assert_one_error_line(
+        ggpo_here("report", "--folder", str(folder)), "has ceilings.md: give --ceilings FILE"
+    )
     assert (folder / "table.csv").read_text() == "table\n"  # refused before anything was written
     refresh_report(RefreshConfig(folder=folder, ceilings=CEILINGS))
     for name in ("README.md", "table.md", "table.csv", "ceilings.md", COUNTS_FILE, "figure.png"):
         assert (folder / name).read_bytes() == (committed / name).read_bytes(), name
-    assert_one_error_line(ggpo("report", "--folder", str(tmp_path)), "neither counts.json nor tuning.json")
+    assert_one_error_line(
+        ggpo_here("report", "--folder", str(tmp_path)), "neither counts.json nor tuning.json"
+    )
     (folder / "README.md").write_text("# edited by hand\n")
     assert_one_error_line(
-        ggpo("report", "--folder", str(folder), "--ceilings", str(CEILINGS)),
+        ggpo_here("report", "--folder", str(folder), "--ceilings", str(CEILINGS)),
         "README.md no longer holds table.md as written",
     )
 

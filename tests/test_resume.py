@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import REPO
-from test_cli import GGPO, assert_one_error_line
+from test_cli import GGPO, assert_one_error_line, ggpo_here
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.generate.engines import SamplingSettings
@@ -124,8 +124,7 @@ def test_cli_refusal_of_a_changed_command_is_one_line(tmp_path):
         generate_pool(hf_config(out, dtype="auto", reward_workers=0), on_batch=crash_after(1))
     args = ["generate-pool", "--engine", "hf", "--num-prompts", "12", "--batch-prompts", "4", "-m", "2"]
     args += ["--max-tokens", "16", "--seed", "3", "--reward-workers", "0", "--out", str(out)]
-    result = subprocess.run(GGPO + args, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert_one_error_line(result, "differ in max_tokens (24 -> 16)")
+    assert_one_error_line(ggpo_here(*args), "differ in max_tokens (24 -> 16)")
 
 
 @pytest.mark.kill

@@ -233,18 +233,18 @@ def test_vllm_data_parallel_refusal_is_one_line(tiny_dir):
 
 
 def test_pool_commands_take_a_shard_directory(tmp_path):
-    from test_cli import assert_one_error_line, ggpo
+    from test_cli import assert_one_error_line, ggpo, ggpo_here
 
     write_shards(tmp_path / "shards")
     validated = ggpo("pool", "validate", str(tmp_path / "shards"))
     assert validated.returncode == 0 and "valid pool, 11 groups x 4 = 44 responses" in validated.stdout
     merged = ggpo("pool", "merge", str(tmp_path / "shards"), "--out", str(tmp_path / "all.parquet"))
     assert merged.returncode == 0 and validate_pool(tmp_path / "all.parquet").groups == 11
-    again = ggpo("pool", "merge", str(tmp_path / "shards"), "--out", str(tmp_path / "all.parquet"))
+    again = ggpo_here("pool", "merge", str(tmp_path / "shards"), "--out", str(tmp_path / "all.parquet"))
     assert_one_error_line(again, "already exists; pass --overwrite")
     (tmp_path / "shards" / "shard-1.parquet").unlink()
     assert_one_error_line(
-        ggpo("pool", "inspect", str(tmp_path / "shards")), "1 of 3 shards missing (shard 1)"
+        ggpo_here("pool", "inspect", str(tmp_path / "shards")), "1 of 3 shards missing (shard 1)"
     )
 
 

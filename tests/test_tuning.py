@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from test_arc import BASE, TRAIN_SETTINGS, _part, _write_run
-from test_cli import assert_one_error_line, ggpo
+from test_cli import assert_one_error_line, ggpo, ggpo_here
 
 from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.tables import rate_text
@@ -80,7 +80,7 @@ def test_tune_report_on_the_command_line(tmp_path):
     assert result.returncode == 0 and f"wrote {tmp_path / 't'}/README.md" in result.stdout
     empty = tmp_path / "empty"
     _part(empty, {})
-    result = ggpo("tune-report", "--parts", str(empty), "--out", str(tmp_path / "u"))
+    result = ggpo_here("tune-report", "--parts", str(empty), "--out", str(tmp_path / "u"))
     assert_one_error_line(result, f"no finished run in {empty}")
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from ggpo_offline.core.errors import JobFailure, UserError, how_it_ended
 from ggpo_offline.core.lifetime import exit_with_parent
 from ggpo_offline.train.activity import FOLDER_VARIABLE, last_doing
+from ggpo_offline.train.checkpoint import resume_point
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import Ranks, check_split
 from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
-from ggpo_offline.train.run import resume_hint
+from ggpo_offline.train.run import RunFolder, resume_hint
 from ggpo_offline.train.trainer import TrainResult
 
 # Which worker explains the job's end (see `_failure_line`).
@@ -41,7 +42,11 @@ def launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    check_split(config.groups_per_batch, Ranks(world=nproc))  # before starting anything
+    # Before starting anything: a job size the minibatch or the resumed checkpoint does not fit.
+    check_split(config.groups_per_batch, Ranks(world=nproc))
+    folder = RunFolder(config.run_dir)
+    if resume and folder.latest_checkpoint() is not None:
+        resume_point(folder, config, Ranks(world=nproc))
     # The agent logs every worker failure (and each worker it stops) at length; our line says it once.
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
