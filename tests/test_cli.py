@@ -274,13 +274,9 @@ def test_train_with_an_unreachable_tracking_server_stops_before_training(tmp_pat
         (["train", "--updates", "ten"], "Invalid value for '--updates'"),
     ],
 )
-def test_usage_errors_are_click_messages_without_a_traceback(args, expected, capsys):
-    from ggpo_cli.main import main
-
-    with pytest.raises(SystemExit) as done:
-        main(args)
-    err = capsys.readouterr().err
-    assert done.value.code == 2 and expected in err and "Traceback" not in err
+def test_usage_errors_are_click_messages_without_a_traceback(args, expected):
+    done = ggpo_here(*args)
+    assert done.returncode == 2 and expected in done.stderr and "Traceback" not in done.stderr
 
 
 def test_train_refuses_a_missing_pool_before_showing_its_settings(tmp_path):

@@ -374,20 +374,13 @@ def test_inspect_shows_a_pool_whose_metadata_has_only_what_validation_requires(p
     assert "synthetic" in result.stdout and "Traceback" not in result.stderr
 
 
-def test_train_command_stops_at_validation_with_one_line(tmp_path, monkeypatch, capsys):
-    from ggpo_cli.main import main
-
+def test_train_command_stops_at_validation_with_one_line(tmp_path):
     # In-process (one torch import for every case); the last case also runs as a real subprocess.
     cases = _representative(tmp_path)
     for name, pool, expected in cases:
         out = tmp_path / f"run-{name}"
-        monkeypatch.setattr(
-            sys, "argv", ["ggpo", "train", "--pool", str(pool), "--out", str(out), "--no-tracking"]
-        )
-        with pytest.raises(SystemExit) as exited:
-            main()
-        captured = capsys.readouterr()
-        _assert_one_line(exited.value.code, captured.out, captured.err, expected)
+        result = ggpo_here("train", "--pool", str(pool), "--out", str(out), "--no-tracking")
+        _assert_one_line(result.returncode, result.stdout, result.stderr, expected)
         assert not out.exists()  # stopped before the run folder, the model or the π0 cache
     _, pool, expected = cases[-1]
     args = [GGPO, "train", "--pool", str(pool), "--out", str(tmp_path / "run"), "--no-tracking"]

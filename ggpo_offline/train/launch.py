@@ -42,7 +42,8 @@ def launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # Before starting anything: a job size the minibatch or the resumed checkpoint does not fit.
+    # Before starting anything: a job size the minibatch or the resumed checkpoint does not fit. (A --resume
+    # with no checkpoint is left to the workers, whose check names what the run folder lacks.)
     check_split(config.groups_per_batch, Ranks(world=nproc))
     folder = RunFolder(config.run_dir)
     if resume and folder.latest_checkpoint() is not None:
