@@ -1,6 +1,7 @@
 """Tests for a killed reward worker: its items are scored again (not timed out), the pool never hangs on
 the lock it died holding, and workers that keep dying on one item end in one clear error."""
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -12,6 +13,7 @@ import pytest
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.generate.rewards import RewardResult, RewardScorer, _deaths_message
+from ggpo_offline.generate.worker_pool import WatchedPool, discard, worker_processes
 
 # Exact big-integer powers: a few seconds of CPU in a worker, then reward 1, so a kill lands mid-item and
 # a lost item that went down the stall path instead (0, "timeout") cannot pass for it.
@@ -152,3 +154,20 @@ def test_a_worker_that_crashed_rather_than_was_killed_points_at_its_error_output
         "gold '12'; 3 reward workers have died while scoring this response, so it is not retried: their "
         "error output above says why"
     )
+
+
+def test_the_pool_keeps_every_worker_it_started_also_those_it_already_replaced():
+    # Workers that exit as they start: multiprocessing's Pool drops each from its own list and starts
+    # another within 0.1 s, often before anyone reading that list could see it (a death the scorer missed
+    # left the task queue's lock held and the item scored "timeout" after a stall). Bounded, not timed:
+    # the deadline only stops a broken pool from hanging the suite.
+    pool = WatchedPool(1, os._exit, (3,), context=multiprocessing.get_context("spawn"))
+    deadline = time.monotonic() + 120
+    try:
+        while len(ended := [p for p in worker_processes(pool) if p.exitcode is not None]) < 3:
+            assert time.monotonic() < deadline, f"saw {len(worker_processes(pool))} workers in 120 s"
+            time.sleep(0.01)
+    finally:
+        discard(pool)
+    assert [process.exitcode for process in ended[:3]] == [3, 3, 3]
+    assert len({process.pid for process in ended}) == len(ended)

@@ -34,13 +34,12 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import cache, lru_cache, partial
 from multiprocessing.connection import wait
-from multiprocessing.pool import Pool
 from multiprocessing.process import BaseProcess
 from typing import Literal, get_args
 
 from ggpo_offline.core.errors import UserError, how_it_ended, one_line
 from ggpo_offline.core.lifetime import exit_with_parent
-from ggpo_offline.generate.worker_pool import discard, worker_processes
+from ggpo_offline.generate.worker_pool import WatchedPool, discard, worker_processes
 
 EXTRACTION_RULE = "last_boxed"
 EXTRACTION_RULE_DESCRIPTION = (
@@ -349,8 +348,7 @@ class RewardScorer:
         # Results as the pool's result thread hands them over, for whichever batch they belong to.
         self._arrived: queue.Queue[tuple[_Batch, int, RewardResult]] = queue.Queue()
         self._last_result_at: float | None = None  # when any batch last got a result from this pool
-        self._pool: Pool | None = None
-        self._workers: list[BaseProcess] = []
+        self._pool: WatchedPool | None = None
         if workers > 0:
             self._start_pool([])
 
@@ -404,7 +402,6 @@ class RewardScorer:
         if self._pool is not None:
             discard(self._pool)
             self._pool = None
-            self._workers = []
 
     def __enter__(self) -> RewardScorer:
         return self
@@ -441,9 +438,7 @@ class RewardScorer:
     def _start_pool(self, items: list[tuple[_Batch, int]]) -> None:
         """Start a pool and send it ``items``; every pending batch's stall clock starts again."""
         # spawn, not fork: forking a process that holds torch/vLLM threads can deadlock the child.
-        context = multiprocessing.get_context("spawn")
-        self._pool = context.Pool(self.workers, initializer=_init_worker)
-        self._workers = worker_processes(self._pool)  # their sentinels tell of a death
+        self._pool = WatchedPool(self.workers, _init_worker, context=multiprocessing.get_context("spawn"))
         self._last_result_at = None
         for batch in self._pending:
             batch.submitted_at = time.monotonic()
@@ -478,8 +473,9 @@ class RewardScorer:
         UserError when an item the workers held has now been held at ``MAX_WORKER_DEATHS`` deaths."""
         # A dead worker's sentinel reads as ready at once; its exit code may read None while the pool's own
         # thread reaps it, and is read only once the pool is stopped (that thread joined).
-        ended = set(wait([worker.sentinel for worker in self._workers], timeout=0))
-        dead = [worker for worker in self._workers if worker.sentinel in ended]
+        started = worker_processes(self._pool)
+        ended = set(wait([worker.sentinel for worker in started], timeout=0))
+        dead = [worker for worker in started if worker.sentinel in ended]
         if not dead:
             return
         unfinished = self._stop_pool()

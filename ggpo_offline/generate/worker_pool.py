@@ -19,10 +19,28 @@ TERMINATE_WAIT_S = 30.0
 LOCK_WAIT_S = 1.0
 
 
-def worker_processes(pool: Pool) -> list[BaseProcess]:
-    """The pool's worker processes now. The pool drops a dead worker from its list at once (and starts
-    another), so keep this list to see a death later in its sentinels and exit codes."""
-    return list(pool._pool)
+class WatchedPool(Pool):
+    """A Pool that keeps every worker process it has started, also those it has already replaced.
+
+    The pool drops a dead worker from its own list and starts another within 0.1 s, even before its
+    constructor returns, so a list read from it can miss a death; this one cannot.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._started: list[BaseProcess] = []  # before Pool.__init__, which starts the first workers
+        super().__init__(*args, **kwargs)
+
+    def Process(self, ctx, *args, **kwargs) -> BaseProcess:  # noqa: N802 (Pool's own name for the hook)
+        # Pool's staticmethod, called as self.Process by the constructor and the worker handler thread.
+        process = super().Process(ctx, *args, **kwargs)
+        self._started.append(process)
+        return process
+
+
+def worker_processes(pool: WatchedPool) -> list[BaseProcess]:
+    """Every worker process ``pool`` has started, dead or alive, oldest first (one the pool's thread is
+    starting right now comes once it has a pid)."""
+    return [process for process in pool._started if process.pid is not None]
 
 
 def _free(lock: Lock, wait_s: float) -> None:
