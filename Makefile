@@ -111,8 +111,13 @@ arc: setup
 		--parts $(ARC_OUT)/first,$(ARC_OUT)/second --ablations $(ARC_OUT)/ablations --ceilings $(CEILINGS) \
 		--out $(ARC_OUT)
 
+# Two pytest workers (pytest-xdist), one a core: most of the suite is process start-ups and single-threaded
+# work. loadgroup: the tests on the session's vLLM engine share one worker (tests/conftest.py), so one engine
+# starts. PASSIVE: a waiting OpenMP thread sleeps instead of spinning on the core the other worker needs
+# (spinning made two workers slower than one). TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/pytest -q -ra --durations=10
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q -ra --durations=10 -n $(TEST_WORKERS) --dist loadgroup
 
 # Short jobs killed at random moments (a reward worker, generate-pool, a torchrun worker, the evaluation
 # engine, the whole training job); each must complete, or stop with one error line after which the command it

@@ -112,6 +112,14 @@ def vllm_pool(tmp_path_factory, vllm_engine) -> Path:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Under pytest-xdist's loadgroup (make test), every test on the session's vLLM engine runs in one
+    # worker: one engine start instead of one per worker.
+    for item in items:
+        if "vllm_engine" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+
+
 @pytest.fixture(scope="session")
 def hf_pool(tmp_path_factory) -> Path:
     """A small float32 pool written by the hf engine: the trainer's numerics reproduce its log-probs."""
