@@ -12,6 +12,7 @@ from ggpo_offline.train.activity import doing
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, wait_for_main
 from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
+from ggpo_offline.train.profile import RunProfile
 from ggpo_offline.train.run import RunFolder
 
 
@@ -80,8 +81,10 @@ class CheckpointEvaluations:
         evaluator: Evaluator | None = None,
         on_eval: Callable[[int, EvalReport], None] | None = None,
         timeouts: Timeouts = DEFAULT_TIMEOUTS,
+        profile: RunProfile | None = None,
     ):
         self.config, self.initial_model, self.ranks, self.on_eval = config, initial_model, ranks, on_eval
+        self.profile = RunProfile() if profile is None else profile
         self.owned = evaluator is None and config.eval_every is not None and ranks.main
         self.evaluator = evaluator
         if self.owned:
@@ -100,14 +103,15 @@ class CheckpointEvaluations:
         metrics = {}
         waiting = f"waiting for the evaluation of update {update}"
         doing(f"evaluating update {update}" if self.ranks.main else waiting)
-        if self.ranks.main:
-            weights = self.initial_model if update == 0 else folder.checkpoint(update)
-            report = self.evaluator.evaluate(weights)
-            write_json(report.to_dict(), folder.eval_report(update))
-            if self.on_eval is not None:
-                self.on_eval(update, report)
-            metrics = eval_metrics(report)
-        wait_for_main(self.ranks)
+        with self.profile.phase("evaluate", update):
+            if self.ranks.main:
+                weights = self.initial_model if update == 0 else folder.checkpoint(update)
+                report = self.evaluator.evaluate(weights)
+                write_json(report.to_dict(), folder.eval_report(update))
+                if self.on_eval is not None:
+                    self.on_eval(update, report)
+                metrics = eval_metrics(report)
+            wait_for_main(self.ranks)
         return metrics
 
     def test(self, folder: RunFolder) -> int | None:
@@ -122,13 +126,14 @@ class CheckpointEvaluations:
         if not self.config.test_datasets or self.config.no_test:
             return selected
         doing("evaluating the test split" if self.ranks.main else "waiting for the test evaluation")
-        if self.ranks.main:
-            # The test protocol borrows the running engine: starting another costs more than the evaluation.
-            with self.evaluator.lend(eval_config(self.config, self.initial_model, test=True)) as test:
-                for update in sorted({0, selected, self.config.updates}):
-                    weights = self.initial_model if update == 0 else folder.checkpoint(update)
-                    write_json(test.evaluate(weights).to_dict(), folder.test_report(update))
-        wait_for_main(self.ranks)
+        with self.profile.phase("test"):
+            if self.ranks.main:
+                # The test protocol borrows the running engine: starting another costs more than evaluating.
+                with self.evaluator.lend(eval_config(self.config, self.initial_model, test=True)) as test:
+                    for update in sorted({0, selected, self.config.updates}):
+                        weights = self.initial_model if update == 0 else folder.checkpoint(update)
+                        write_json(test.evaluate(weights).to_dict(), folder.test_report(update))
+            wait_for_main(self.ranks)
         return selected
 
     def close(self) -> None:

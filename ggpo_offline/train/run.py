@@ -14,11 +14,14 @@ from ggpo_offline.train.config import TrainConfig
 if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
     from ggpo_offline.train.distributed import Ranks
     from ggpo_offline.train.inputs import Fingerprints
+    from ggpo_offline.train.profile import RunProfile
 
 
 # The names of a run folder's files and of a checkpoint's resume state (also read by `checkpoint`).
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
+PROFILE_FILE = "profile.jsonl"
+"""Wall seconds of each phase of the run (`train.profile`); never compared between runs."""
 RESULT_FILE = "result.json"
 """Written last: a run folder holding it is a finished run (compare reuses such runs)."""
 EVAL_FOLDER = "eval"
@@ -81,6 +84,10 @@ class RunFolder:
     @property
     def metrics_file(self) -> Path:
         return self.path / METRICS_FILE
+
+    @property
+    def profile_file(self) -> Path:
+        return self.path / PROFILE_FILE
 
     @property
     def result_file(self) -> Path:
@@ -161,10 +168,21 @@ class Run:
     """One training run: its folder (made, replaced or resumed), its tracker, and its metric records, which
     reach the tracker and metrics.jsonl together. Rank 0 alone writes; every rank takes part in the checks."""
 
-    def __init__(self, config: TrainConfig, ranks: "Ranks | None" = None, *, resume: bool, overwrite: bool):
+    def __init__(
+        self,
+        config: TrainConfig,
+        ranks: "Ranks | None" = None,
+        *,
+        resume: bool,
+        overwrite: bool,
+        profile: "RunProfile | None" = None,
+    ):
+        """``profile``: the run's phase times so far, written with its metrics from now on."""
         from ggpo_offline.train.distributed import SINGLE_PROCESS
+        from ggpo_offline.train.profile import RunProfile
 
         self.config, self.ranks = config, ranks or SINGLE_PROCESS
+        self.profile = RunProfile() if profile is None else profile
         self.folder = RunFolder(config.run_dir)
         self._prepare(resume, overwrite)
         self.tracker = None
@@ -248,6 +266,7 @@ class Run:
         self.tracker.flush()
         if self.ranks.main:
             self.folder.append_metrics(self.pending)
+        self._write_profile()
         self.history.extend(self.pending)
         self.pending = []
 
@@ -272,4 +291,10 @@ class Run:
                 final_model=str(final),
                 selected_update=selected_update,
             )
+            self._write_profile()
             write_json(result.to_dict(), self.folder.result_file)
+
+    def _write_profile(self) -> None:
+        if self.ranks.main:
+            self.profile.write(self.folder.profile_file)
+        self.profile.pending = []

@@ -39,6 +39,7 @@ from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 from ggpo_offline.train.pi0_cache import Pi0Cache
+from ggpo_offline.train.profile import RunProfile
 from ggpo_offline.train.run import FLUSH_EVERY, Run, resume_hint
 from ggpo_offline.train.step_metrics import EssBlock, StepDiagnostics
 
@@ -77,10 +78,12 @@ class Trainer:
         pi0: Pi0Cache | None,
         ranks: Ranks = SINGLE_PROCESS,
         temperature: float = 1.0,
+        profile: RunProfile | None = None,
     ):
         """``weights``: the initial model or the checkpoint being resumed; ``pi0`` serves the initial model's
         log-probs (needed by every method with a reference); ``temperature``: the pool's sampling
-        temperature, which every log-prob of the run uses (`pool_temperature`)."""
+        temperature, which every log-prob of the run uses (`pool_temperature`); ``profile`` times each
+        update's phases."""
         from transformers import AutoModelForCausalLM
 
         self.config = config
@@ -116,6 +119,7 @@ class Trainer:
         self.loss_kwargs = self.learner.loss_kwargs(config)
         self.update = 0
         self.ess_block = EssBlock(config.ess_block)
+        self.profile = RunProfile() if profile is None else profile
 
     # -- state --------------------------------------------------------------------------------------
     def state(self, run_id: str | None) -> tuple[dict, dict]:
@@ -175,13 +179,14 @@ class Trainer:
     def _anchor_pass(self, minibatches: PlannedMinibatches, updates: range) -> dict[int, list[torch.Tensor]]:
         self.policy.eval()
         try:
-            return {
-                update: [
-                    self.policy(micro, forward_tokens=self.forward_tokens)[0].cpu()
-                    for micro in minibatches[update].split(self.config.micro_batch_size)
-                ]
-                for update in updates
-            }
+            with self.profile.phase("anchors", self.update):
+                return {
+                    update: [
+                        self.policy(micro, forward_tokens=self.forward_tokens)[0].cpu()
+                        for micro in minibatches[update].split(self.config.micro_batch_size)
+                    ]
+                    for update in updates
+                }
         finally:
             self.policy.train()
 
@@ -194,22 +199,26 @@ class Trainer:
         diagnostics = StepDiagnostics(token_count, responses, self.needs_ref, self.ranks)
         self.optimizer.zero_grad(set_to_none=True)
         micros = batch.split(self.config.micro_batch_size)
-        for position, micro in enumerate(micros):
-            constants = self._constants(micro, position)
-            mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
-            with gradient_sync(self.policy, enabled=position == len(micros) - 1):
-                logp, entropy = self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)
-                result = self._loss(micro, logp, mask, token_count, constants)
-                # DDP and FSDP2 average gradients over ranks; a loss normalized by the global T_tok wants
-                # their sum, the 1-process gradient.
-                (result.loss * self.ranks.world).backward()
-            ref_logp = constants.get("ref_logp")
-            diagnostics.add(
-                micro, logp, entropy, mask=mask, behavior_logp=behavior, ref_logp=ref_logp, loss=result
+        with self.profile.phase("forward_backward", self.update):
+            for position, micro in enumerate(micros):
+                constants = self._constants(micro, position)
+                mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
+                with gradient_sync(self.policy, enabled=position == len(micros) - 1):
+                    logp, entropy = self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)
+                    result = self._loss(micro, logp, mask, token_count, constants)
+                    # DDP and FSDP2 average gradients over ranks; a loss normalized by the global T_tok wants
+                    # their sum, the 1-process gradient.
+                    (result.loss * self.ranks.world).backward()
+                ref_logp = constants.get("ref_logp")
+                diagnostics.add(
+                    micro, logp, entropy, mask=mask, behavior_logp=behavior, ref_logp=ref_logp, loss=result
+                )
+        with self.profile.phase("optimizer", self.update):
+            grad_norm = scalar(
+                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.grad_clip)
             )
-        grad_norm = scalar(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.grad_clip))
-        self._check_finite(diagnostics.reduce_sums()["loss"], grad_norm)
-        self.optimizer.step()
+            self._check_finite(diagnostics.reduce_sums()["loss"], grad_norm)
+            self.optimizer.step()
         metrics = diagnostics.metrics(batch, grad_norm, self.config.method, self.ess_block)
         self.ref_window.pop(self.update, None)  # served; the checkpoint keeps only what is still due
         self.old_window.pop(self.update, None)
@@ -289,22 +298,31 @@ def train(
     from ggpo_offline.core import tracking
 
     ranks = init_ranks(timeouts)
+    profile = RunProfile()  # where the time goes, into the run's profile.jsonl
+    profile.count_process_start()
     with _failures_explained(config.run_dir, ranks, timeouts):
         # Set-up: every input is checked before the run folder is touched.
         doing("reading the pool")
-        inputs = read_inputs(config, ranks, pool)
-        evaluations = CheckpointEvaluations(config, inputs.model_dir, ranks, evaluator, on_eval, timeouts)
+        with profile.phase("inputs"):
+            inputs = read_inputs(config, ranks, pool)
+        evaluations = CheckpointEvaluations(
+            config, inputs.model_dir, ranks, evaluator, on_eval, timeouts, profile
+        )
         with evaluations:
             if not config.no_tracking and ranks.main:
                 tracking.check_tracking_reachable(config.tracking_uri or tracking.default_tracking_uri())
-            run = Run(config, ranks, resume=resume, overwrite=overwrite)
+            run = Run(config, ranks, resume=resume, overwrite=overwrite, profile=profile)
             resumed = resume_point(run.folder, config, ranks) if resume else None
             _use_threads(config.threads)
-            pi0 = reference_pi0(config, inputs, ranks)
+            with profile.phase("pi0"):
+                pi0 = reference_pi0(config, inputs, ranks)
             minibatches = PlannedMinibatches(inputs, ranks)
             torch.manual_seed(config.seed)
-            trainer = Trainer(config, resumed or inputs.model_dir, pi0, ranks, inputs.temperature)
-            run_id = trainer.restore(resumed) if resumed is not None else None
+            with profile.phase("model"):
+                trainer = Trainer(
+                    config, resumed or inputs.model_dir, pi0, ranks, inputs.temperature, profile
+                )
+                run_id = trainer.restore(resumed) if resumed is not None else None
             run.start(trainer.update, run_id, parent_run_id, inputs.fingerprints, inputs.tracking_params)
 
             with tracking.ending(run.tracker):
@@ -321,13 +339,15 @@ def train(
                     if _checkpoint_due(config, evaluations, done):
                         run.flush()  # the metrics reach the store with the checkpoint that gives them
                         doing(f"saving the checkpoint of update {done}")
-                        trainer.save(run.folder.checkpoint(done), run.run_id)
+                        with profile.phase("checkpoint", done):
+                            trainer.save(run.folder.checkpoint(done), run.run_id)
                     elif config.save_every is None and done % FLUSH_EVERY == 0:
                         run.flush()
                 run.record(config.updates, evaluations.at(config.updates, run.folder))
                 run.flush()
                 doing("saving the final model")
-                final = trainer.save(run.folder.final, run.run_id, resumable=False)  # no resume state
+                with profile.phase("final"):
+                    final = trainer.save(run.folder.final, run.run_id, resumable=False)  # no resume state
             selected = evaluations.test(run.folder)
         run.finish(final, inputs.fingerprints, selected)
     return TrainResult(run.folder.path, final, run.run_id, inputs.fingerprints, run.history)

@@ -1,0 +1,96 @@
+"""Where a run's wall time goes: each phase timed as it runs, kept in the run's own profile.jsonl.
+
+Not in metrics.jsonl, which must be byte-identical between replays of one run: times never are. A resumed
+run appends to the file, so it holds every stretch of work the run has cost, a killed one included.
+"""
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PHASES = {
+    "process": "from the process's start to this run's start: imports (torch, transformers, vLLM), the CLI",
+    "inputs": "reading and checking the pool, its index and the data plan",
+    "pi0": "π0's log-probs of the pool's responses (the reference of the methods that have one)",
+    "model": "loading the initial (or resumed) weights, building the optimizer",
+    "anchors": "π_ref / π_old refreshes: no-gradient forwards over the minibatches they will serve",
+    "forward_backward": "the update's log-probs, loss and backward, every micro-batch",
+    "optimizer": "gradient clipping and the optimizer step",
+    "checkpoint": "writing a checkpoint (weights and resume state)",
+    "evaluate": "a validation evaluation: engine start or weight load, sampling and scoring",
+    "test": "the test evaluations of the selected, final and initial checkpoints",
+    "final": "writing the final weights and result.json",
+}
+"""Every phase a profile records, with what it covers."""
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """One timed stretch of a run: ``phase`` (a key of PHASES), the update it belongs to, wall seconds."""
+
+    phase: str
+    update: int | None
+    seconds: float
+
+
+def seconds_since_process_start() -> float | None:
+    """Wall seconds since this process started (Linux's /proc); None where that cannot be read."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+class RunProfile:
+    """The phase times of one run in this process, written out with the run's metrics (`Run.flush`)."""
+
+    _process_counted = False  # a process's start-up belongs to the first run it trains
+
+    def __init__(self) -> None:
+        self.pending: list[PhaseTime] = []
+
+    def count_process_start(self) -> None:
+        """Record the "process" phase, when this is the process's first run."""
+        if RunProfile._process_counted:
+            return
+        RunProfile._process_counted = True
+        started = seconds_since_process_start()
+        if started is not None:
+            self.pending.append(PhaseTime("process", None, round(started, 3)))
+
+    @contextmanager
+    def phase(self, phase: str, update: int | None = None) -> Iterator[None]:
+        """Time the block as ``phase`` (of ``update``); a block that raises is not recorded."""
+        start = time.perf_counter()
+        yield
+        self.pending.append(PhaseTime(phase, update, round(time.perf_counter() - start, 4)))
+
+    def write(self, path: Path) -> None:
+        """Append the phases timed since the last write to ``path``."""
+        with path.open("a") as handle:
+            for record in self.pending:
+                handle.write(json.dumps(asdict(record)) + "\n")
+        self.pending = []
+
+
+def read_profile(path: Path) -> list[PhaseTime]:
+    """The phase times a run has recorded ([] for a run that recorded none)."""
+    if not path.is_file():
+        return []
+    return [PhaseTime(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+def phase_totals(times: list[PhaseTime]) -> dict[str, tuple[int, float]]:
+    """(how many times, total seconds) per phase, in PHASES order."""
+    totals: dict[str, tuple[int, float]] = {}
+    for name in PHASES:
+        mine = [record.seconds for record in times if record.phase == name]
+        if mine:
+            totals[name] = (len(mine), sum(mine))
+    return totals
