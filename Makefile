@@ -136,7 +136,8 @@ bench: setup
 	echo; echo "## 4. Reward: math-verify workers"; echo; $(BIN)/python bench/reward.py; \
 	echo; echo "## 5. Pool streaming: a synthetic 1M-response pool"; echo; $(BIN)/python bench/pool_streaming.py; \
 	echo; echo "## 6. make demo by stage"; echo; $(BIN)/python bench/demo_stages.py; \
-	echo; echo "## 7. Pool import: 1M generic responses"; echo; $(BIN)/python bench/pool_import.py; } > bench/results.md.tmp
+	echo; echo "## 7. Pool import: 1M generic responses"; echo; $(BIN)/python bench/pool_import.py; \
+	echo; echo "## 8. Where a training run's time goes"; echo; $(BIN)/python bench/run_profile.py; } > bench/results.md.tmp
 	mv bench/results.md.tmp bench/results.md
 	cat bench/results.md
 

@@ -56,7 +56,7 @@ def main() -> None:
         print(profile_table(args.run))
         return
     with tempfile.TemporaryDirectory() as folder:
-        pool = args.pool
+        pool = None if args.pool is None else args.pool.resolve()
         if pool is None:
             pool = Path(folder) / "base.parquet"
             subprocess.run([GGPO, "generate-pool", "--out", str(pool)], check=True, capture_output=True)
@@ -67,7 +67,9 @@ def main() -> None:
                 "--seed", "42", "--threads", "1", "--no-tracking", "--out", str(run_dir),
             ]  # fmt: skip
             start = time.perf_counter()
-            subprocess.run(command, check=True, capture_output=True, cwd=folder)
+            done = subprocess.run(command, capture_output=True, text=True, cwd=folder)
+            if done.returncode != 0:
+                sys.exit(f"{' '.join(command)} failed:\n{done.stderr}")
             wall_s = time.perf_counter() - start
             print(f"### `{preset}`: one {args.method} run, seed 42, one torch thread\n")
             print(profile_table(run_dir, wall_s))
