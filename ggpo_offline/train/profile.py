@@ -13,17 +13,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PHASES = {
-    "process": "from the process's start to this run's start: imports (torch, transformers, vLLM), the CLI",
+    "process": "from the process's start to its first run's start: imports (torch, transformers), the CLI",
     "inputs": "reading and checking the pool, its index and the data plan",
     "pi0": "π0's log-probs of the pool's responses (the reference of the methods that have one)",
     "model": "loading the initial (or resumed) weights, building the optimizer",
     "anchors": "π_ref / π_old refreshes: no-gradient forwards over the minibatches they will serve",
     "forward_backward": "the update's log-probs, loss and backward, every micro-batch",
-    "optimizer": "gradient clipping and the optimizer step",
+    "optimizer": "the update's loss summed over ranks, gradient clipping and the optimizer step",
     "checkpoint": "writing a checkpoint (weights and resume state)",
     "evaluate": "a validation evaluation: engine start or weight load, sampling and scoring",
     "test": "the test evaluations of the selected, final and initial checkpoints",
-    "final": "writing the final weights and result.json",
+    "final": "writing the final weights",
 }
 """Every phase a profile records, with what it covers."""
 
