@@ -52,9 +52,7 @@ def test_totals_follow_the_phase_list_whatever_the_order_recorded():
 
 def test_the_process_start_is_counted_once_per_process(monkeypatch):
     monkeypatch.setattr(RunProfile, "_process_counted", False)
-    first, second = RunProfile(), RunProfile()
-    first.count_process_start()
-    second.count_process_start()
+    first, second = RunProfile.of_first_run(), RunProfile.of_first_run()
     started = seconds_since_process_start()
     assert started is not None and started > 0  # Linux: read from /proc
     assert [t.phase for t in first.pending] == ["process"] and second.pending == []

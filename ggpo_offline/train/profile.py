@@ -16,7 +16,7 @@ PHASES = {
     "process": "from the process's start to its first run's start: imports (torch, transformers), the CLI",
     "inputs": "reading and checking the pool, its index and the data plan",
     "pi0": "π0's log-probs of the pool's responses (the reference of the methods that have one)",
-    "model": "loading the initial (or resumed) weights, building the optimizer",
+    "model": "loading the initial (or resumed) weights and the tokenizer",
     "anchors": "π_ref / π_old refreshes: no-gradient forwards over the minibatches they will serve",
     "forward_backward": "the update's log-probs, loss and backward, every micro-batch",
     "optimizer": "the update's loss summed over ranks, gradient clipping and the optimizer step",
@@ -55,14 +55,16 @@ class RunProfile:
     def __init__(self) -> None:
         self.pending: list[PhaseTime] = []
 
-    def count_process_start(self) -> None:
-        """Record the "process" phase, when this is the process's first run."""
-        if RunProfile._process_counted:
-            return
-        RunProfile._process_counted = True
-        started = seconds_since_process_start()
-        if started is not None:
-            self.pending.append(PhaseTime("process", None, round(started, 3)))
+    @classmethod
+    def of_first_run(cls) -> "RunProfile":
+        """A profile that starts with the "process" phase when this is the process's first run."""
+        profile = cls()
+        if not RunProfile._process_counted:
+            RunProfile._process_counted = True
+            started = seconds_since_process_start()
+            if started is not None:
+                profile.pending.append(PhaseTime("process", None, round(started, 3)))
+        return profile
 
     @contextmanager
     def phase(self, phase: str, update: int | None = None) -> Iterator[None]:

@@ -89,8 +89,11 @@ class Trainer:
         self.config = config
         self.ranks = ranks
         self.device = device_of(ranks)
-        self.tokenizer = load_tokenizer(weights)
-        self.model = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32).to(self.device)
+        self.profile = RunProfile() if profile is None else profile
+        with self.profile.phase("model"):
+            self.tokenizer = load_tokenizer(weights)
+            self.model = AutoModelForCausalLM.from_pretrained(str(weights), dtype=torch.float32)
+            self.model.to(self.device)
         # π_θ: the model's response log-probs, wrapped by DDP or FSDP2 under torchrun
         self.policy = wrap(
             ResponseLogprobs(self.model, temperature, packed=not config.no_packing), ranks, config.fsdp
@@ -119,7 +122,6 @@ class Trainer:
         self.loss_kwargs = self.learner.loss_kwargs(config)
         self.update = 0
         self.ess_block = EssBlock(config.ess_block)
-        self.profile = RunProfile() if profile is None else profile
 
     # -- state --------------------------------------------------------------------------------------
     def state(self, run_id: str | None) -> tuple[dict, dict]:
@@ -298,8 +300,7 @@ def train(
     from ggpo_offline.core import tracking
 
     ranks = init_ranks(timeouts)
-    profile = RunProfile()  # where the time goes, into the run's profile.jsonl
-    profile.count_process_start()
+    profile = RunProfile.of_first_run()  # where the time goes, into the run's profile.jsonl
     with _failures_explained(config.run_dir, ranks, timeouts):
         # Set-up: every input is checked before the run folder is touched.
         doing("reading the pool")
@@ -318,11 +319,8 @@ def train(
                 pi0 = reference_pi0(config, inputs, ranks)
             minibatches = PlannedMinibatches(inputs, ranks)
             torch.manual_seed(config.seed)
-            with profile.phase("model"):
-                trainer = Trainer(
-                    config, resumed or inputs.model_dir, pi0, ranks, inputs.temperature, profile
-                )
-                run_id = trainer.restore(resumed) if resumed is not None else None
+            trainer = Trainer(config, resumed or inputs.model_dir, pi0, ranks, inputs.temperature, profile)
+            run_id = trainer.restore(resumed) if resumed is not None else None
             run.start(trainer.update, run_id, parent_run_id, inputs.fingerprints, inputs.tracking_params)
 
             with tracking.ending(run.tracker):
