@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ggpo_offline.train.profile import PHASES, phase_totals, read_profile
+from ggpo_offline.train.profile import PHASES, phase_totals
 from ggpo_offline.train.run import RunFolder
 
 GGPO = str(Path(sys.executable).parent / "ggpo")
@@ -21,7 +21,7 @@ GGPO = str(Path(sys.executable).parent / "ggpo")
 
 def profile_table(run_dir: Path, wall_s: float | None = None) -> str:
     """Markdown: each phase's count, seconds and share of the run's recorded time."""
-    totals = phase_totals(read_profile(RunFolder(run_dir).profile_file))
+    totals = phase_totals(RunFolder(run_dir).read_profile())
     recorded = sum(seconds for _, seconds in totals.values())
     lines = ["| phase | times | seconds | share | what it covers |", "|---|---:|---:|---:|---|"]
     for name, (times, seconds) in totals.items():
@@ -39,7 +39,7 @@ def evaluation_lines(run_dir: Path) -> str:
     rows = [
         f"update {record.update}: {record.seconds:.1f} s ({reports.get(record.update, float('nan')):.1f} s "
         "sampling and scoring)"
-        for record in read_profile(folder.profile_file)
+        for record in folder.read_profile()
         if record.phase == "evaluate"
     ]
     return "Validation evaluations: " + "; ".join(rows) + "."

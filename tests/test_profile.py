@@ -9,24 +9,24 @@ from ggpo_offline.train.profile import (
     PhaseTime,
     RunProfile,
     phase_totals,
-    read_profile,
     seconds_since_process_start,
 )
+from ggpo_offline.train.run import RunFolder
 
 
 def test_phases_are_appended_in_order_and_sum_by_phase(tmp_path):
-    path = tmp_path / "profile.jsonl"
+    folder = RunFolder(tmp_path)
     profile = RunProfile()
     with profile.phase("forward_backward", 0):
         time.sleep(0.01)
     with profile.phase("optimizer", 0):
         pass
-    profile.write(path)
+    folder.append_profile(profile.take())
     assert profile.pending == []
     with profile.phase("forward_backward", 1):
         pass
-    profile.write(path)  # a later flush (or a resumed run) appends
-    times = read_profile(path)
+    folder.append_profile(profile.take())  # a later flush (or a resumed run) appends
+    times = folder.read_profile()
     assert [(t.phase, t.update) for t in times] == [
         ("forward_backward", 0), ("optimizer", 0), ("forward_backward", 1),
     ]  # fmt: skip
@@ -41,7 +41,7 @@ def test_a_phase_that_raises_is_not_recorded_and_a_missing_file_reads_empty(tmp_
     with pytest.raises(KeyError), profile.phase("evaluate", 3):
         raise KeyError("engine died")
     assert profile.pending == []
-    assert read_profile(tmp_path / "absent.jsonl") == []
+    assert RunFolder(tmp_path / "absent").read_profile() == []
 
 
 def test_totals_follow_the_phase_list_whatever_the_order_recorded():

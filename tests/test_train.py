@@ -18,7 +18,6 @@ from ggpo_offline.train.config import TrainConfig, resolve_config
 from ggpo_offline.train.logprobs import full_vocab_logprobs, length_buckets, response_logprobs
 from ggpo_offline.train.minibatch import MinibatchReader
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches
-from ggpo_offline.train.profile import read_profile
 from ggpo_offline.train.run import RunFolder
 from ggpo_offline.train.trainer import train
 
@@ -261,7 +260,7 @@ def test_resume_reproduces_an_uninterrupted_run(vllm_pool, tmp_path):
     resumed = train(interrupted, resume=True)
     assert _metrics(resumed.run_dir) == _metrics(full.run_dir)
     # The profile keeps both stretches of work: up to the last flush before the crash, then the resumed one.
-    profile = read_profile(RunFolder(resumed.run_dir).profile_file)
+    profile = RunFolder(resumed.run_dir).read_profile()
     assert [t.update for t in profile if t.phase == "forward_backward"] == [0, 1, 2, 3, 4, 5]
     assert [t.phase for t in profile].count("model") == 2
     from safetensors.torch import load_file
@@ -424,7 +423,7 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     assert reports[0]["settings"]["model"]["name"] == "embedded:tiny"
     assert reports[4]["settings"]["model"]["path"] == str(run / "checkpoints" / "update-000004")
     # The run's profile: every phase it went through, in order, with its update.
-    timed = [(t.phase, t.update) for t in read_profile(folder.profile_file) if t.phase != "process"]
+    timed = [(t.phase, t.update) for t in folder.read_profile() if t.phase != "process"]
     assert timed == [
         ("inputs", None), ("pi0", None), ("model", None),
         ("evaluate", 0), ("forward_backward", 0), ("optimizer", 0),
@@ -433,7 +432,7 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
         ("forward_backward", 3), ("optimizer", 3), ("checkpoint", 4),
         ("evaluate", 4), ("final", None), ("test", None),
     ]  # fmt: skip
-    assert all(t.seconds >= 0 for t in read_profile(folder.profile_file))
+    assert all(t.seconds >= 0 for t in folder.read_profile())
 
     # Test: once, at the end, for the base model, the checkpoint chosen on validation and the final one.
     selected = folder.read_result().selected_update

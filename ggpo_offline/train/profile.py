@@ -1,15 +1,14 @@
-"""Where a run's wall time goes: each phase timed as it runs, kept in the run's own profile.jsonl.
+"""Where a run's wall time goes: each phase timed as it runs, for the run's own profile.jsonl (`RunFolder`).
 
 Not in metrics.jsonl, which must be byte-identical between replays of one run: times never are. A resumed
 run appends to the file, so it holds every stretch of work the run has cost, a killed one included.
 """
 
-import json
 import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 PHASES = {
@@ -48,7 +47,7 @@ def seconds_since_process_start() -> float | None:
 
 
 class RunProfile:
-    """The phase times of one run in this process, written out with the run's metrics (`Run.flush`)."""
+    """The phase times of one run in this process, taken by `Run` with the run's metrics (`Run.flush`)."""
 
     _process_counted = False  # a process's start-up belongs to the first run it trains
 
@@ -73,19 +72,10 @@ class RunProfile:
         yield
         self.pending.append(PhaseTime(phase, update, round(time.perf_counter() - start, 4)))
 
-    def write(self, path: Path) -> None:
-        """Append the phases timed since the last write to ``path``."""
-        with path.open("a") as handle:
-            for record in self.pending:
-                handle.write(json.dumps(asdict(record)) + "\n")
-        self.pending = []
-
-
-def read_profile(path: Path) -> list[PhaseTime]:
-    """The phase times a run has recorded ([] for a run that recorded none)."""
-    if not path.is_file():
-        return []
-    return [PhaseTime(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    def take(self) -> list[PhaseTime]:
+        """The phases timed since the last take (`Run` appends them to the run's profile.jsonl)."""
+        taken, self.pending = self.pending, []
+        return taken
 
 
 def phase_totals(times: list[PhaseTime]) -> dict[str, tuple[int, float]]:

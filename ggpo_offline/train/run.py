@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.profile import PhaseTime, RunProfile
 
 if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
     from ggpo_offline.train.distributed import Ranks
     from ggpo_offline.train.inputs import Fingerprints
-    from ggpo_offline.train.profile import RunProfile
 
 
 # The names of a run folder's files and of a checkpoint's resume state (also read by `checkpoint`).
@@ -32,6 +32,18 @@ CHECKPOINT_PREFIX = "update-"
 STATE_FILE = "trainer_state.pt"
 """Written last into a checkpoint: a checkpoint folder holding it is complete and resumable."""
 FINAL = "final"
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _append_jsonl(path: Path, records: list[dict]) -> None:
+    with path.open("a") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
 
 
 def _reports_by_update(folder: Path) -> dict[int, EvalReport]:
@@ -130,9 +142,11 @@ class RunFolder:
         return RunResult.from_dict(json.loads(self.result_file.read_text()))
 
     def read_metrics(self) -> list[dict]:
-        if not self.metrics_file.is_file():
-            return []
-        return [json.loads(line) for line in self.metrics_file.read_text().splitlines() if line.strip()]
+        return _read_jsonl(self.metrics_file)
+
+    def read_profile(self) -> list[PhaseTime]:
+        """The phase times the run has recorded ([] for a run that recorded none)."""
+        return [PhaseTime(**record) for record in _read_jsonl(self.profile_file)]
 
     def read_evals(self) -> dict[int, EvalReport]:
         """In-training (validation) evaluation reports by update."""
@@ -143,9 +157,10 @@ class RunFolder:
         return _reports_by_update(self.path / EVAL_FOLDER / TEST_FOLDER)
 
     def append_metrics(self, records: list[dict]) -> None:
-        with self.metrics_file.open("a") as handle:
-            for record in records:
-                handle.write(json.dumps(record) + "\n")
+        _append_jsonl(self.metrics_file, records)
+
+    def append_profile(self, times: list[PhaseTime]) -> None:
+        _append_jsonl(self.profile_file, [asdict(phase_time) for phase_time in times])
 
     def keep_metrics_before(self, update: int) -> list[dict]:
         """Drop the records of ``update`` and later (a resumed run computes them again); the rest."""
@@ -175,11 +190,10 @@ class Run:
         *,
         resume: bool,
         overwrite: bool,
-        profile: "RunProfile | None" = None,
+        profile: RunProfile | None = None,
     ):
         """``profile``: the run's phase times so far, written with its metrics from now on."""
         from ggpo_offline.train.distributed import SINGLE_PROCESS
-        from ggpo_offline.train.profile import RunProfile
 
         self.config, self.ranks = config, ranks or SINGLE_PROCESS
         self.profile = RunProfile() if profile is None else profile
@@ -295,6 +309,6 @@ class Run:
             write_json(result.to_dict(), self.folder.result_file)
 
     def _write_profile(self) -> None:
+        times = self.profile.take()
         if self.ranks.main:
-            self.profile.write(self.folder.profile_file)
-        self.profile.pending = []
+            self.folder.append_profile(times)
