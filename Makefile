@@ -35,22 +35,28 @@ $(PROJECT_STAMP): $(ENGINE_STAMP) pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
 
-# The main job on the embedded default: a pool (if absent), then four methods x two seeds on it. Each seed's
-# runs train side by side on their own core (one torch thread, vLLM pinned, as in `make arc`); the second
-# compare starts once the first has claimed the report folder. A last compare reuses every run and writes the
-# report of both seeds.
-DEMO := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --threads 1 --ceilings $(CEILINGS)
+# The main job on the embedded default: a pool (if absent), then four methods x five seeds on it, evaluated on
+# 128 problems x 2 samples (validation and test). Sizes and seeds: `ggpo compare --budget` from the 2-seed
+# demo's validation variance, where runs differing dominated (docs/statistics.md "More seeds or more
+# problems"); 2 samples: the fewest that still show the sampling spread. Two compares, one a core (one torch
+# thread, vLLM pinned, as in `make arc`), each train two of the methods for every seed; the second starts
+# once the first has claimed the report folder. A last compare reuses every run and writes the report.
+DEMO_SEEDS ?= 42,1234,2027,1,2
+DEMO_FIRST ?= grpo,grpo-tis
+DEMO_SECOND ?= agro,ggpo
+DEMO := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(DEMO_SEEDS) --eval-n 2 --threads 1 \
+	--ceilings $(CEILINGS)
 DEMO_OUT := reports/$(basename $(notdir $(POOL)))
 demo: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
 	$(BIN)/ggpo pool validate $(POOL)
 	$(BIN)/ggpo pool score $(POOL)
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); $(DEMO) --seeds 42 ) & first=$$!; \
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); $(DEMO) --methods $(DEMO_FIRST) ) & first=$$!; \
 	while [ ! -f $(DEMO_OUT)/compare.json ] && kill -0 $$first 2>/dev/null; do sleep 1; done; \
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); $(DEMO) --seeds 1234 ); \
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); $(DEMO) --methods $(DEMO_SECOND) ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
-	$(DEMO) --seeds 42,1234
+	$(DEMO) --methods $(DEMO_FIRST),$(DEMO_SECOND)
 
 # The second paper's learners beside GGPO, GRPO and GRPO+TIS on the same pool and plan (docs/beyond/); one
 # torch thread, so that runs trained side by side on two pinned cores are the same runs (and reused).

@@ -2,17 +2,20 @@
 `tiny` and `arc` presets on one core, as `make demo` and `make arc` run them.
 
 Each run is a fresh `ggpo train` process, so its "process" phase is the start-up a compare pays once (its
-later runs share the process, the engine and the π0 cache). `--run DIR` prints the profile of a run
-already trained instead.
+later runs share the process, the engine and the π0 cache). `--after FLAGS` trains each preset a second
+time with those flags added (e.g. the demo's `--eval-n 2`) and prints the cost of both as a ratio measured
+in the same invocation. `--run DIR` prints the profile of a run already trained instead.
 """
 
 import argparse
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from ggpo_offline.compare.budget import TRAINING_PHASES
 from ggpo_offline.train.profile import PHASES, phase_totals
 from ggpo_offline.train.run import RunFolder
 
@@ -45,11 +48,35 @@ def evaluation_lines(run_dir: Path) -> str:
     return "Validation evaluations: " + "; ".join(rows) + "."
 
 
+def seed_seconds(run_dir: Path) -> float:
+    """What one more seed of this run costs in a compare: its training, its own validation evaluations
+    (after update 0) and its test evaluations. The process start, π0 and the base model's validation are paid
+    once per compare; the base model's test is in the run's "test" phase and counted here, a slight
+    overcount in both runs of a ratio."""
+    times = RunFolder(run_dir).read_profile()
+    own = [t for t in times if t.phase in (*TRAINING_PHASES, "test") or (t.phase == "evaluate" and t.update)]
+    return sum(t.seconds for t in own)
+
+
+def train_and_profile(pool: Path, preset: str, method: str, extra: list[str], run_dir: Path) -> float:
+    """Train one run in a fresh process; its wall seconds."""
+    command = [
+        GGPO, "train", "--pool", str(pool), "--preset", preset, "--method", method,
+        "--seed", "42", "--threads", "1", "--no-tracking", *extra, "--out", str(run_dir),
+    ]  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=run_dir.parent)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{done.stderr}")
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pool", type=Path, help="the pool [default: generate the demo's, ~2 min]")
     parser.add_argument("--presets", default="tiny,arc", help="comma-separated presets to profile")
     parser.add_argument("--method", default="ggpo")
+    parser.add_argument("--after", help="flags of a second run per preset ('--eval-n 2'): prints the ratio")
     parser.add_argument("--run", type=Path, help="print this finished run's profile, train nothing")
     args = parser.parse_args()
     if args.run is not None:
@@ -61,19 +88,24 @@ def main() -> None:
             pool = Path(folder) / "base.parquet"
             subprocess.run([GGPO, "generate-pool", "--out", str(pool)], check=True, capture_output=True)
         for preset in args.presets.split(","):
-            run_dir = Path(folder) / preset
-            command = [
-                GGPO, "train", "--pool", str(pool), "--preset", preset, "--method", args.method,
-                "--seed", "42", "--threads", "1", "--no-tracking", "--out", str(run_dir),
-            ]  # fmt: skip
-            start = time.perf_counter()
-            done = subprocess.run(command, capture_output=True, text=True, cwd=folder)
-            if done.returncode != 0:
-                sys.exit(f"{' '.join(command)} failed:\n{done.stderr}")
-            wall_s = time.perf_counter() - start
-            print(f"### `{preset}`: one {args.method} run, seed 42, one torch thread\n")
-            print(profile_table(run_dir, wall_s))
-            print(f"\n{evaluation_lines(run_dir)}\n")
+            variants = {"": []} if args.after is None else {"": [], args.after: shlex.split(args.after)}
+            walls, seeds = {}, {}
+            for flags, extra in variants.items():
+                run_dir = Path(folder) / f"{preset}{len(walls)}"
+                walls[flags] = train_and_profile(pool, preset, args.method, extra, run_dir)
+                seeds[flags] = seed_seconds(run_dir)
+                added = f", `{flags}`" if flags else ""
+                print(f"### `{preset}`{added}: one {args.method} run, seed 42, one torch thread\n")
+                print(profile_table(run_dir, walls[flags]))
+                print(f"\n{evaluation_lines(run_dir)}\n")
+            if args.after is not None:
+                before, after = walls[""], walls[args.after]
+                print(
+                    f"**`{preset}` with `{args.after}` / without, same invocation:** one run in a fresh "
+                    f"process {after:.0f} / {before:.0f} s = **{after / before:.2f}x**; one more seed in a "
+                    f"compare (training, its own evaluations, test) {seeds[args.after]:.0f} / "
+                    f"{seeds['']:.0f} s = **{seeds[args.after] / seeds['']:.2f}x**.\n"
+                )
 
 
 if __name__ == "__main__":

@@ -169,9 +169,11 @@ def compare(options: dict, settings: dict) -> None:
 
     Every training setting but the per-run ones has a flag (as in ggpo train); without --eval-every the
     runs are evaluated every U/5 updates, as in the paper."""
+    from ggpo_offline.compare.budget import budgeted
     from ggpo_offline.compare.comparison import compare as run
 
-    compare_config = config_from(CompareConfig, {**options, "settings": settings})
+    compare_config, allocations = budgeted(config_from(CompareConfig, {**options, "settings": settings}))
+    render.print_allocations(compare_config, allocations)
     with render.CompareProgress() as progress:
         result = run(
             compare_config, on_run=progress.start_run, on_update=progress.update, on_eval=progress.evaluated

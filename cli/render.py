@@ -237,6 +237,17 @@ class CompareProgress(TrainingProgress):
             self._bar = None
 
 
+def print_allocations(config, allocations: list) -> None:
+    """What a compare's --budget bought, and the next best choices it weighed."""
+    if not allocations:
+        return
+    chosen, *others = allocations
+    seeds = ",".join(map(str, config.seeds))
+    stdout.print(f"budget: {chosen.text()} (seeds {seeds})")
+    for other in others[:3]:
+        stdout.print(f"  instead of {other.text()}")
+
+
 def print_compare_result(result) -> None:
     for seed, fingerprint in result.data_plans.items():
         runs = sum(record.seed == seed for record in result.records)

@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ggpo_offline import __version__
+from ggpo_offline.compare.budget import budgeted
 from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings
-from ggpo_offline.compare.config import CompareConfig
+from ggpo_offline.compare.config import RUNS_FOLDER, CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.readme import reproduce_command, write_readme
 from ggpo_offline.compare.report import (
@@ -36,7 +37,6 @@ from ggpo_offline.train.run import RunFolder
 EVALUATIONS_PER_RUN = 5
 """Without --eval-every, runs are evaluated every U/5 updates (the paper: every 80 of 400)."""
 MARKER = "compare.json"
-RUNS_FOLDER = "runs"
 """Settings compare chooses for each run; everything else is shared by all runs."""
 TRACKING_SETTINGS = ("tracking_uri", "experiment", "no_tracking")
 
@@ -188,6 +188,7 @@ def compare(
 
     ``engine`` lends an already started generation engine holding the pool's model to the evaluations.
     """
+    config, _ = budgeted(config)
     pool = check_pool(config.pool)  # read once: every run trains on what this read
     planned = plan(config, pool)  # refuses bad input before torch and MLflow load
     from ggpo_offline.core import tracking

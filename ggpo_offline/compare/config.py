@@ -7,6 +7,8 @@ from ggpo_offline.core.settings import setting
 
 DEFAULT_METHODS = ("grpo", "grpo-tis", "agro", "ggpo")
 DEFAULT_SEEDS = (42, 1234, 2027)
+RUNS_FOLDER = "runs"
+"""Where a compare keeps its runs, inside the report folder: runs/<method>-s<seed>/."""
 
 
 CEILINGS_HELP = (
@@ -31,6 +33,15 @@ class CompareConfig:
     """Training settings shared by every run, by TrainConfig field name (``ggpo compare``'s train flags)."""
     out: Path | None = setting(None, "Report folder [default: reports/<pool name>/].")
     rerun: bool = setting(False, "Train every run again instead of reusing it.")
+    budget: float | None = setting(
+        None,
+        "Core-minutes to spend (the runs' times on one core, summed): choose the seeds (--seeds first, then "
+        "1, 2, ...) and the evaluation problems and samples not given that detect the smallest difference, "
+        "projected from --budget-from.",
+    )
+    budget_from: Path | None = setting(
+        None, "A previous compare's report folder: its validation variance split and its runs' times."
+    )
 
     @property
     def report_dir(self) -> Path:

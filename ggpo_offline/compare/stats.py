@@ -151,7 +151,7 @@ class Interval:
     @property
     def mde(self) -> float:
         """Minimum detectable difference, points: (t_.975 + t_.8) · SE on this interval's df."""
-        return _power_quantile(self.df) * self.standard_error
+        return power_quantile(self.df) * self.standard_error
 
     def seeds_needed(self) -> float | None:
         """The fewest seeds at which this observed difference is resolved with 80 % power (as a family of
@@ -163,7 +163,7 @@ class Interval:
             return math.inf
         seeds = np.arange(2, MAX_SEEDS + 1)
         variance = np.array([self.parts.variance(int(s), self.problems) for s in seeds])
-        enough = _power_quantile(seeds - 1) * np.sqrt(variance) <= abs(self.mean)
+        enough = power_quantile(seeds - 1) * np.sqrt(variance) <= abs(self.mean)
         return float(seeds[np.argmax(enough)]) if enough.any() else math.inf
 
     def text(self) -> str:
@@ -178,7 +178,7 @@ class Interval:
             seeds = "seeds unknown (one seed)"
         elif not math.isinf(needed):
             seeds = f"{int(needed)} seeds"
-        elif _power_quantile(math.inf) * math.sqrt(self.parts.problem / self.problems) >= abs(self.mean):
+        elif power_quantile(math.inf) * math.sqrt(self.parts.problem / self.problems) >= abs(self.mean):
             seeds = "more problems, not seeds"
         else:
             seeds = f"> {MAX_SEEDS} seeds"
@@ -190,7 +190,7 @@ def t_quantile(df: int) -> float:
     return float(stats.t.ppf(1 - ALPHA / 2, df))
 
 
-def _power_quantile(df) -> np.ndarray | float:
+def power_quantile(df) -> np.ndarray | float:
     """t_{1-α/2} + t_{power} on ``df``: a difference this many standard errors from 0 is detected with 80 %
     power at two-sided 5 % (the usual approximation to the noncentral t)."""
     return stats.t.ppf(1 - ALPHA / 2, df) + stats.t.ppf(POWER, df)
