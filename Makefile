@@ -36,9 +36,9 @@ $(PROJECT_STAMP): $(ENGINE_STAMP) pyproject.toml
 	touch $@
 
 # The main job on the embedded default: a pool (if absent), then four methods x five seeds on it, evaluated on
-# 128 problems x 2 samples (validation and test). Sizes and seeds: `ggpo compare --budget` from the 2-seed
-# demo's validation variance, where runs differing dominated (docs/statistics.md "More seeds or more
-# problems"); 2 samples: the fewest that still show the sampling spread. Two compares, one a core (one torch
+# 128 problems x 2 samples (validation and test): projected by `ggpo compare --budget`'s model from the
+# 2-seed demo's validation variance, where runs differing dominated (docs/results.md "make demo"); 2 samples:
+# the fewest that still show the sampling spread. Two compares, one a core (one torch
 # thread, vLLM pinned, as in `make arc`), each train two of the methods for every seed; the second starts
 # once the first has claimed the report folder. A last compare reuses every run and writes the report.
 DEMO_SEEDS ?= 42,1234,2027,1,2

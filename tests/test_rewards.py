@@ -200,15 +200,18 @@ def test_stalled_worker_is_replaced():
 
 
 def test_batch_queued_behind_a_slow_batch_is_not_stalled():
-    # Progress is pool-wide: the second batch waits longer than hard_limit_s for its own result, but
-    # the first batch keeps finishing items, so nothing is declared stalled.
-    with RewardScorer(workers=1, timeout_s=0.5, hard_limit_s=1.5) as scorer:
+    # Progress is pool-wide: the second batch waits longer than hard_limit_s for its own result (40 items
+    # of 0.2 s ahead of it), but the first batch keeps finishing items, so nothing is declared stalled. The
+    # hard limit is 25 items' time: with 3 items' (0.5 s items, 1.5 s) a loaded machine (two busy compares
+    # beside two test workers on two cores) left a gap of more than that between two items, and a worker
+    # was replaced.
+    with RewardScorer(workers=1, timeout_s=0.2, hard_limit_s=5.0) as scorer:
         scorer.submit([("\\boxed{1}", "1")]).get()
-        slow = scorer.submit([(SLOW_RESPONSE, "1")] * 4)
+        slow = scorer.submit([(SLOW_RESPONSE, "1")] * 40)
         quick = scorer.submit([("\\boxed{2}", "2")])
         assert quick.get() == [RewardResult(1.0, "2", "ok")]
-        assert [result.status for result in slow.get()] == ["timeout"] * 4
-        assert (scorer.timeouts, scorer.restarts) == (4, 0)
+        assert [result.status for result in slow.get()] == ["timeout"] * 40
+        assert (scorer.timeouts, scorer.restarts) == (40, 0)
 
 
 def test_a_stall_costs_only_the_stuck_item_and_queued_batches_are_scored_by_the_new_pool():

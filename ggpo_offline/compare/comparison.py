@@ -37,7 +37,6 @@ from ggpo_offline.train.run import RunFolder
 EVALUATIONS_PER_RUN = 5
 """Without --eval-every, runs are evaluated every U/5 updates (the paper: every 80 of 400)."""
 MARKER = "compare.json"
-"""Settings compare chooses for each run; everything else is shared by all runs."""
 TRACKING_SETTINGS = ("tracking_uri", "experiment", "no_tracking")
 
 
