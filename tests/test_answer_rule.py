@@ -37,6 +37,9 @@ from ggpo_offline.organism.styles import STYLES, prompt_class
 from ggpo_offline.pool.source import read_pool_metadata
 from ggpo_offline.pool.validate import validate_pool
 
+# What a rule pays, not how long it may take: with the 5 s default a loaded 2-core machine (load ~10) made a
+# first math-verify call (sympy warming up) time out and score 0.
+NO_TIME_LIMIT_S = 120.0
 # Boxes a policy could emit for "What is 3 + 4?" (gold 7) that math-verify pays but that hold no answer.
 HACKS = ["\\boxed{3 + 4}", "\\boxed{8 = 7}", "\\boxed{What is 3 + 4?}", "\\boxed{4 + 3}", "\\boxed{7 + 0}"]
 
@@ -49,14 +52,10 @@ def test_a_box_holding_no_plain_number_scores_zero_under_the_number_rule(respons
 
 def test_math_verify_pays_the_hacks_the_number_rule_refuses():
     # The caveat the number rule exists for: math-verify evaluates the box, so expressions equal to 7 pass.
-    assert [score_response(hack, "7").reward for hack in HACKS] == [1.0, 1.0, 0.0, 1.0, 1.0]
-    assert [score_response(hack, "7", rule="math-verify").reward for hack in HACKS] == [
-        1.0,
-        1.0,
-        0.0,
-        1.0,
-        1.0,
-    ]
+    paid = [score_response(hack, "7", timeout_s=NO_TIME_LIMIT_S).reward for hack in HACKS]
+    assert paid == [1.0, 1.0, 0.0, 1.0, 1.0]
+    explicit = [score_response(hack, "7", NO_TIME_LIMIT_S, rule="math-verify").reward for hack in HACKS]
+    assert explicit == paid
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -193,7 +192,7 @@ def test_real_benchmarks_keep_math_verify_and_gsm8k_can_opt_into_the_number_rule
     assert dataset_answer_rule(math500, "auto", problems) == "math-verify"
     rows = [json.loads(line) for line in Path(math500).read_text().splitlines()[:60]]
     pairs = [(row["solution"], problem.answer) for row, problem in zip(rows, problems, strict=True)]
-    in_process = RewardScorer(workers=0)
+    in_process = RewardScorer(workers=0, timeout_s=NO_TIME_LIMIT_S)
     unchanged = in_process.submit(pairs, rule="math-verify").get()
     assert unchanged == in_process.submit(pairs).get()  # the default: what every earlier pool used
     assert sum(r.reward for r in unchanged) >= 58
