@@ -15,8 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ggpo_offline.compare.budget import TRAINING_PHASES
-from ggpo_offline.train.profile import PHASES, phase_totals
+from ggpo_offline.train.profile import PHASES, TRAINING_PHASES, phase_totals
 from ggpo_offline.train.run import RunFolder
 
 GGPO = str(Path(sys.executable).parent / "ggpo")

@@ -30,15 +30,12 @@ from ggpo_offline.compare.paired import Scores
 from ggpo_offline.compare.pairwise import end_places
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import given_settings
+from ggpo_offline.train.profile import TRAINING_PHASES
 
 PROBLEM_CHOICES = (32, 64, 128, 256, 512, 1024)
 SAMPLE_CHOICES = (2, 4, 8, 16, 32)
 """From 2: one sample per problem shows no binomial spread; the next report could not split sampling off."""
 MAX_SEEDS = 100
-TRAINING_PHASES = ("inputs", "model", "anchors", "forward_backward", "optimizer", "checkpoint", "final")
-"""A run's own training time; process start-up and π0 are paid once per compare, as is the report."""
-CHOSEN_SETTINGS = ("eval_num_problems", "test_num_problems", "eval_n")
-"""The evaluation sizes a budget chooses unless the user gave them."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +55,14 @@ class Costs:
     def seconds(self, runs: int, problems: int, samples: int) -> float:
         responses = problems * samples * (runs * self.run_evaluations + self.base_evaluations)
         return runs * self.train + responses * self.per_response
+
+    def most_seeds(self, methods: int, problems: int, samples: int, budget_s: float) -> int:
+        """The most seeds of ``methods`` runs each whose ``seconds`` fit ``budget_s`` (at most MAX_SEEDS)."""
+        per_response = problems * samples * self.per_response
+        runs = (budget_s - self.base_evaluations * per_response) / (
+            self.train + self.run_evaluations * per_response
+        )
+        return min(MAX_SEEDS, math.floor(runs / methods))
 
 
 @dataclass(frozen=True)
@@ -159,12 +164,8 @@ def allocations(
     found = []
     for p in problems:
         for n in samples:
-            seeds = max(
-                (s for s in range(stats.MIN_SEEDS, MAX_SEEDS + 1)
-                 if evidence.costs.seconds(s * methods, p, n) <= budget_s),
-                default=None,
-            )  # fmt: skip
-            if seeds is not None:
+            seeds = evidence.costs.most_seeds(methods, p, n, budget_s)
+            if seeds >= stats.MIN_SEEDS:
                 cost = evidence.costs.seconds(seeds * methods, p, n)
                 found.append(Allocation(seeds, p, n, cost, evidence.mde(seeds, p, n)))
     return sorted(found, key=lambda a: (a.mde, a.seconds))

@@ -25,6 +25,8 @@ PHASES = {
     "final": "writing the final weights",
 }
 """Every phase a profile records, with what it covers."""
+TRAINING_PHASES = ("inputs", "model", "anchors", "forward_backward", "optimizer", "checkpoint", "final")
+"""A run's own training; its process start-up and π0 are a compare's, paid once for all its runs."""
 
 
 @dataclass(frozen=True)
