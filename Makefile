@@ -35,12 +35,21 @@ $(PROJECT_STAMP): $(ENGINE_STAMP) pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
 
+# Two compares writing into one report folder side by side, one a core (one torch thread, vLLM pinned: vLLM's
+# CPU engine binds the threads of the process it runs in); the second starts once the first has claimed the
+# folder. $(call side_by_side,COMMAND,FIRST'S FLAGS,SECOND'S FLAGS,FOLDER)
+define side_by_side
+( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); $(1) $(2) ) & first=$$!; \
+while [ ! -f $(4)/compare.json ] && kill -0 $$first 2>/dev/null; do sleep 1; done; \
+( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); $(1) $(3) ); \
+second=$$?; wait $$first && [ $$second -eq 0 ]
+endef
+
 # The main job on the embedded default: a pool (if absent), then four methods x five seeds on it, evaluated on
 # 128 problems x 2 samples (validation and test): projected by `ggpo compare --budget`'s model from the
 # 2-seed demo's validation variance, where runs differing dominated (docs/results.md "make demo"); 2 samples:
-# the fewest that still show the sampling spread. Two compares, one a core (one torch
-# thread, vLLM pinned, as in `make arc`), each train two of the methods for every seed; the second starts
-# once the first has claimed the report folder. A last compare reuses every run and writes the report.
+# the fewest that still show the sampling spread. Two compares side by side, each training two of the
+# methods for every seed; a last compare reuses every run and writes the report.
 DEMO_SEEDS ?= 42,1234,2027,1,2
 DEMO_FIRST ?= grpo,grpo-tis
 DEMO_SECOND ?= agro,ggpo
@@ -52,29 +61,34 @@ demo: setup
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
 	$(BIN)/ggpo pool validate $(POOL)
 	$(BIN)/ggpo pool score $(POOL)
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); $(DEMO) --methods $(DEMO_FIRST) ) & first=$$!; \
-	while [ ! -f $(DEMO_OUT)/compare.json ] && kill -0 $$first 2>/dev/null; do sleep 1; done; \
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); $(DEMO) --methods $(DEMO_SECOND) ); \
-	second=$$?; wait $$first && [ $$second -eq 0 ]
+	$(call side_by_side,$(DEMO),--methods $(DEMO_FIRST),--methods $(DEMO_SECOND),$(DEMO_OUT))
 	$(DEMO) --methods $(DEMO_FIRST),$(DEMO_SECOND)
 
-# The second paper's learners beside GGPO, GRPO and GRPO+TIS on the same pool and plan (docs/beyond/); one
-# torch thread, so that runs trained side by side on two pinned cores are the same runs (and reused).
+# The second paper's learners beside GGPO, GRPO and GRPO+TIS on the same pool and plan (docs/beyond/), ten
+# seeds at the demo's evaluation sizes: two compares side by side, five seeds each, then one that reuses
+# every run and writes the report.
 BEYOND_METHODS ?= proximal-kl,pg,cispo,seq-is,is-free,rft,ggpo,grpo,grpo-tis
+BEYOND_FIRST ?= 42,1234,2027,1,2
+BEYOND_SECOND ?= 3,4,5,6,7
+BEYOND := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --methods $(BEYOND_METHODS) --eval-n 2 --threads 1 \
+	--ceilings $(CEILINGS) --out reports/beyond
 beyond: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
-	$(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42,1234 --methods $(BEYOND_METHODS) --threads 1 \
-		--ceilings $(CEILINGS) --out reports/beyond
+	$(call side_by_side,$(BEYOND),--seeds $(BEYOND_FIRST),--seeds $(BEYOND_SECOND),reports/beyond)
+	$(BEYOND) --seeds $(BEYOND_FIRST),$(BEYOND_SECOND)
 
 # How each learner's learning rate was chosen (docs/tuning/): every learner of the reports at three rates,
-# seed 42, the tiny preset otherwise, judged on validation only (--no-test); TUNED_LR in
-# ggpo_offline/train/config.py records the choice. Two compares per rate side by side, pinned as in `make arc`.
+# three seeds, the tiny preset at the demo's evaluation sizes otherwise, judged on validation only
+# (--no-test); TUNED_LR in ggpo_offline/train/config.py records the choice. Two compares per rate side by
+# side, pinned as in `make arc`.
 TUNE_LRS ?= 3e-4 1e-4 3e-5
 TUNE_FIRST ?= grpo,agro,proximal-kl,cispo,is-free
 TUNE_SECOND ?= grpo-tis,ggpo,pg,seq-is,rft
 TUNE_OUT ?= reports/tuning
-TUNE := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds 42 --no-test --threads 1 --no-tracking
+TUNE_SEEDS ?= 42,1234,2027
+TUNE := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(TUNE_SEEDS) --eval-n 2 --no-test --threads 1 \
+	--no-tracking
 tune-lr: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi

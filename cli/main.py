@@ -119,8 +119,8 @@ def train(options: dict, settings: dict) -> None:
     Every training setting has a flag (below, after --overwrite); a --config file takes the same names."""
     from ggpo_offline.train.config import resolve_config
     from ggpo_offline.train.distributed import is_main_process
-    from ggpo_offline.train.inputs import read_inputs
     from ggpo_offline.train.options import check_options
+    from ggpo_offline.train.preview import plan_run
     from ggpo_offline.train.trainer import train as run
 
     how = config_from(TrainOptions, options)
@@ -129,8 +129,13 @@ def train(options: dict, settings: dict) -> None:
     if not is_main_process():  # a torchrun worker other than rank 0: rank 0 speaks for the job
         run(resolved, resume=how.resume, overwrite=how.overwrite, timeouts=how.timeouts)
         return
-    pool = read_inputs(resolved).pool  # bad input is refused before the table; the pool is read once
+    # Bad input is refused before the table, by the checks the dry run shows; the pool is read once.
+    plan = plan_run(resolved, resume=how.resume, overwrite=how.overwrite, processes=how.nproc or 1)
+    pool = plan.inputs.pool
     render.print_config(resolved)
+    if how.dry_run:
+        render.print_run_plan(plan)
+        return
     if how.nproc is not None and how.nproc > 1:
         from ggpo_offline.train.launch import launch
 
@@ -171,9 +176,13 @@ def compare(options: dict, settings: dict) -> None:
     runs are evaluated every U/5 updates, as in the paper."""
     from ggpo_offline.compare.budget import budgeted
     from ggpo_offline.compare.comparison import compare as run
+    from ggpo_offline.compare.comparison import plan_compare
 
     compare_config, allocations = budgeted(config_from(CompareConfig, {**options, "settings": settings}))
     render.print_allocations(compare_config, allocations)
+    if compare_config.dry_run:
+        render.print_compare_plan(plan_compare(compare_config))
+        return
     with render.CompareProgress() as progress:
         result = run(
             compare_config, on_run=progress.start_run, on_update=progress.update, on_eval=progress.evaluated

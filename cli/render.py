@@ -248,6 +248,41 @@ def print_allocations(config, allocations: list) -> None:
         stdout.print(f"  instead of {other.text()}")
 
 
+DRY_RUN = "dry run: nothing was written; the same command without --dry-run runs this plan"
+
+
+def print_run_plan(plan) -> None:
+    """`ggpo train --dry-run`: what the run would do, after the resolved config."""
+    from ggpo_offline.train.preview import plan_lines
+
+    verb = {"train": "train", "resume": "resume", "replace": "replace the run in"}[plan.action]
+    stdout.print(f"run: {verb} {plan.config.run_dir}")
+    for line in plan_lines(plan):
+        stdout.print(line)
+    stdout.print(f"time: {plan.estimate().text()}")
+    stdout.print(DRY_RUN)
+
+
+def print_compare_plan(ready) -> None:
+    """`ggpo compare --dry-run`: the runs, what happens to each, their data and evaluations, the time."""
+    from ggpo_offline.compare.comparison import ACTIONS
+    from ggpo_offline.train.preview import RunPlan, plan_lines
+
+    runs, config = ready.runs, ready.config
+    stdout.print(
+        f"plan: {len(config.methods)} method(s) x {len(config.seeds)} seed(s) = {len(runs)} runs into"
+        f" {config.report_dir}"
+    )
+    for line in plan_lines(RunPlan(runs[0].config, runs[0].action, ready.inputs)):
+        stdout.print(line)
+    for action in ACTIONS:
+        names = [run.config.run_name for run in runs if run.action == action]
+        if names:
+            stdout.print(f"{ACTIONS[action].doing} {len(names)}: {', '.join(names)}")
+    stdout.print(f"time: {ready.estimate().text()}")
+    stdout.print(DRY_RUN)
+
+
 def print_compare_result(result) -> None:
     for seed, fingerprint in result.data_plans.items():
         runs = sum(record.seed == seed for record in result.records)

@@ -27,8 +27,10 @@ POOL = [
     "generate-pool", "--engine", "hf", "--dtype", "float32", "--num-prompts", "48", "-m", "4",
     "--max-tokens", "48", "--reward-workers", "2", "--batch-prompts", "6",
 ]  # fmt: skip
+# 6 updates x 2 groups = 12 of the pool's 16 mixed-reward groups (the embedded model completes few answers
+# within 48 tokens); `tests/test_make_targets.py` generates this pool and dry-runs this plan on it.
 TRAIN = [
-    "train", "--method", "ggpo", "--nproc", "2", "--updates", "6", "--groups-per-batch", "4",
+    "train", "--method", "ggpo", "--nproc", "2", "--updates", "6", "--groups-per-batch", "2",
     "--save-every", "2", "--eval-every", "2", "--eval-engine", "hf", "--eval-n", "2",
     "--eval-num-problems", "8", "--no-test", "--no-tracking", "--threads", "1",
     "--collective-timeout", "120", "--wait-timeout", "600",
@@ -64,6 +66,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ggpo-chaos-") as folder:
         work = Path(folder)
         reference_pool, pool_s = _timed(POOL + ["--out", str(work / "reference.parquet")])
+        _timed(TRAIN + ["--pool", str(reference_pool), "--out", str(work / "reference"), "--dry-run"])
         reference_run, train_s = _timed(
             TRAIN + ["--pool", str(reference_pool), "--out", str(work / "reference")]
         )
@@ -85,7 +88,7 @@ def main() -> int:
 def _timed(arguments: list[str]) -> tuple[Path, float]:
     start = time.monotonic()
     done = subprocess.run([GGPO, *arguments], capture_output=True, text=True)
-    if done.returncode != 0:
+    if done.returncode != 0:  # a plan larger than the pool stops at the dry run, before any kill
         sys.exit(f"the uninterrupted run failed: {done.stderr[-2000:]}")
     return Path(arguments[arguments.index("--out") + 1]), time.monotonic() - start
 

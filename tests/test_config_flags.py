@@ -113,14 +113,15 @@ def run_cli(monkeypatch, capsys, module, function: str, argv: list[str]) -> list
 
 
 def test_every_train_field_is_a_flag_and_a_config_file_key(tmp_path, monkeypatch, capsys):
-    from ggpo_offline.train import inputs, trainer
+    from ggpo_offline.train import preview, trainer
 
     values = changed_values(TrainConfig, NOT_READ_BY_GRPO_TIS)
     assert all(values[name] != getattr(TrainConfig(), name) for name in values)
     expected = TrainConfig(**values)
     flags = to_flags(expected, TrainConfig)
     assert len([word for word in flags if word.startswith("--")]) == len(values) + 2  # 2 eval, 2 test sets
-    monkeypatch.setattr(inputs, "read_inputs", lambda config: SimpleNamespace(pool=None))  # no pool needed
+    no_pool = SimpleNamespace(inputs=SimpleNamespace(pool=None))  # the plan's checks need no pool here
+    monkeypatch.setattr(preview, "plan_run", lambda config, **how: no_pool)
     assert run_cli(monkeypatch, capsys, trainer, "train", ["train", *flags]) == [expected]
 
     (tmp_path / "all.toml").write_text("".join(f"{name} = {toml(value)}\n" for name, value in values.items()))
@@ -176,8 +177,9 @@ def test_compare_config_round_trips_through_its_flags(monkeypatch, capsys):
         "eval_datasets": ("arith:test", "b.jsonl"),
         "no_tracking": True,
     }
-    # --budget resolves into seeds and sizes before compare runs (tests/test_budget.py); not set here
-    planned = ("settings", "budget", "budget_from")
+    # --budget resolves into seeds and sizes before compare runs (tests/test_budget.py) and --dry-run stops
+    # before it (tests/test_dry_run.py); not set here
+    planned = ("settings", "budget", "budget_from", "dry_run")
     expected = CompareConfig(**changed_values(CompareConfig, planned), settings=settings)
     listed = tuple(name for name in leaves(CompareConfig) if name not in (*planned, "out", "rerun"))
     flags = to_flags(expected, CompareConfig, only=listed) + to_flags(

@@ -26,9 +26,10 @@ from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.generate.engines import Engine
 from ggpo_offline.train.config import PER_RUN, TrainConfig, config_for, given_settings, refuse_unread
-from ggpo_offline.train.inputs import Fingerprints, plan_data, read_inputs, score_pi0
+from ggpo_offline.train.inputs import Fingerprints, RunInputs, plan_data, read_inputs, score_pi0
 from ggpo_offline.train.learners import learner
 from ggpo_offline.train.plan import CheckedPool, check_pool
+from ggpo_offline.train.preview import Estimate, estimate, run_folders_near
 from ggpo_offline.train.run import RunFolder
 
 # The train modules that load torch and transformers are imported inside the functions that train, so a
@@ -175,6 +176,35 @@ def _check_report_dir(report_dir: Path) -> None:
         )
 
 
+@dataclass(frozen=True)
+class ComparePlan:
+    """A compare as it will run (`plan_compare`): what `--dry-run` prints and the real run executes."""
+
+    config: CompareConfig
+    """With the seeds and evaluation sizes a --budget bought."""
+    pool: CheckedPool
+    """Read once: every run trains on what this read."""
+    runs: list[PlannedRun]
+    inputs: RunInputs
+    """What every run reads: the initial model's folder and tokenizer, checked against the pool."""
+
+    def estimate(self) -> Estimate:
+        """The runs to train (not reused), timed from earlier runs of their shape (`preview.estimate`)."""
+        first = self.runs[0].config
+        to_train = sum(run.action != "reuse" for run in self.runs)
+        return estimate(first, to_train, run_folders_near(first.run_dir))
+
+
+def plan_compare(config: CompareConfig) -> ComparePlan:
+    """Every check compare makes before it writes anything: the budget, the pool, each run's settings,
+    data plan and folder (`plan`), and the tokenizer and sampling every run reads (`read_inputs`). Loads no
+    model."""
+    config, _ = budgeted(config)
+    pool = check_pool(config.pool)
+    planned = plan(config, pool)
+    return ComparePlan(config, pool, planned, read_inputs(planned[0].config, pool=pool))
+
+
 def compare(
     config: CompareConfig,
     *,
@@ -187,9 +217,8 @@ def compare(
 
     ``engine`` lends an already started generation engine holding the pool's model to the evaluations.
     """
-    config, _ = budgeted(config)
-    pool = check_pool(config.pool)  # read once: every run trains on what this read
-    planned = plan(config, pool)  # refuses bad input before torch and MLflow load
+    ready = plan_compare(config)  # every refusal comes before the first write
+    config, pool, planned, inputs = ready.config, ready.pool, ready.runs, ready.inputs
     from ggpo_offline.core import tracking
     from ggpo_offline.train.evaluation import eval_config
 
@@ -208,9 +237,7 @@ def compare(
     with tracking.ending(parent):
         parent.log_params({"methods": ",".join(config.methods), "seeds": ",".join(map(str, config.seeds))})
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
-        # The inputs every run reads (initial model and tokenizer checked against the pool), and π0's
-        # log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one).
-        inputs = read_inputs(shared, pool=pool)
+        # π0's log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one).
         score_pi0(shared, inputs)
         # One engine and one evaluation protocol for every run: the base model is evaluated once.
         with Evaluator(eval_config(shared, inputs.model_dir), engine) as evaluator:

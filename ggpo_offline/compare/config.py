@@ -42,6 +42,11 @@ class CompareConfig:
     budget_from: Path | None = setting(
         None, "A previous compare's report folder: its validation variance split and its runs' times."
     )
+    dry_run: bool = setting(
+        False,
+        "Print the plan (runs to train or reuse, data per seed, evaluations, a time estimate) after every "
+        "check the real run makes, and exit; writes nothing.",
+    )
 
     @property
     def report_dir(self) -> Path:
@@ -69,7 +74,8 @@ class TuneConfig:
     """What ``ggpo tune-report`` reads and where it writes."""
 
     parts: tuple[str, ...] = setting(
-        help="Comma-separated compare report folders of one seed, each learner at one learning rate."
+        help="Comma-separated compare report folders, each learner at one learning rate in each; every"
+        " learner and rate with the same seeds."
     )
     out: Path = setting(Path("reports/tuning"), "Report folder.")
 

@@ -12,7 +12,7 @@ from ggpo_offline.compare.arc import part_records
 from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
 from ggpo_offline.compare.runs import validation_counts
-from ggpo_offline.compare.tables import display, interval_verdict, rate_text
+from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.learners import METHODS
@@ -20,8 +20,8 @@ from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
 
 TUNING_FILE = "tuning.json"
 """Every sweep run's per-problem validation counts: the report is recomputed from it alone."""
-SWEPT = ("method", "lr", "out")
-"""What differs between the runs of a sweep; a learner's own settings may too."""
+SWEPT = ("method", "lr", "seed", "out", "data_order_fingerprint")
+"""What differs between the runs of a sweep (a seed's data plan with it); a learner's own settings may too."""
 
 
 def tune_report(config: TuneConfig) -> Path:
@@ -38,7 +38,7 @@ def tune_report(config: TuneConfig) -> Path:
         "",
         f"Written by ggpo-offline {__version__} on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by"
         f" `ggpo tune-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}.",
-        _settings_line(sweep["settings"]),
+        _settings_line(sweep["settings"], sweep["seeds"]),
         "",
         tuning_tables(sweep),
     ]
@@ -46,9 +46,10 @@ def tune_report(config: TuneConfig) -> Path:
     return out
 
 
-def _settings_line(settings: dict) -> str:
+def _settings_line(settings: dict, seeds: list[int]) -> str:
     return (
-        f"Every run: pool `{settings['pool']}`, seed {settings['seed']}, U = {settings['updates']} updates of"
+        f"Every run: pool `{settings['pool']}`, seeds {', '.join(map(str, seeds))},"
+        f" U = {settings['updates']} updates of"
         f" G = {settings['groups_per_batch']} groups, validation {settings['eval_num_problems']} problems ×"
         f" {settings['eval_n']} every {settings['eval_every']} updates,"
         f" {'no test evaluation' if settings.get('no_test') else 'test evaluated but not read here'}."
@@ -59,41 +60,52 @@ def _settings_line(settings: dict) -> str:
 
 
 def sweep_counts(records: list[RunRecord], parts: tuple[str, ...]) -> dict:
-    """``{"n": n, "settings": ..., "runs": {method: {lr: {update: {prompt_id: correct}}}}}`` (learners in the
-    registry's order, rates ascending) from the finished runs of the sweep (read from ``parts``), which must
-    differ only in learner (and its own settings) and learning rate (one seed)."""
+    """``{"n": n, "seeds": [...], "settings": ..., "runs": {method: {lr: {seed: {update: {prompt_id:
+    correct}}}}}}`` (learners in the registry's order, rates ascending, seeds as first met) from the finished
+    runs of the sweep (read from ``parts``), which must differ only in learner (and its own settings),
+    learning rate and seed, with every learner at every rate run for the same seeds."""
     runs: dict[str, dict[str, dict]] = {}
     shared, n = None, None
     for record in records:
-        lr = rate_text(record.config["lr"])
-        if lr in runs.get(record.method, {}):
-            raise UserError(f"{record.method} at lr {lr} is in two of the parts")
+        lr, seed = rate_text(record.config["lr"]), str(record.seed)
+        if seed in runs.get(record.method, {}).get(lr, {}):
+            raise UserError(f"{record.method} at lr {lr}, seed {seed} is in two of the parts")
         # Each learner keeps its own hyperparameters (and reference schedule); all else is the sweep's.
         settings = {k: v for k, v in record.config.items() if k not in (*SWEPT, *LEARNER_SETTINGS)}
         if shared is not None and settings != shared:
             differing = sorted(k for k in settings if settings[k] != shared.get(k))
             raise UserError(
-                f"{record.run_dir}: the sweep's runs differ in more than learner and lr"
+                f"{record.run_dir}: the sweep's runs differ in more than learner, lr and seed"
                 f" ({', '.join(differing)})"
             )
         shared = settings
         n = record.evals[0].n
-        runs.setdefault(record.method, {})[lr] = {
+        runs.setdefault(record.method, {}).setdefault(lr, {})[seed] = {
             str(update): merged for update, merged in validation_counts(record).items()
         }
     if not runs:
         raise UserError(f"no finished run in {', '.join(parts)}")
+    seeds = list(
+        dict.fromkeys(seed for by_lr in runs.values() for by_seed in by_lr.values() for seed in by_seed)
+    )
+    for method, by_lr in runs.items():
+        for lr, by_seed in by_lr.items():
+            missing = [seed for seed in seeds if seed not in by_seed]
+            if missing:
+                raise UserError(f"{method} at lr {lr} has no finished run of seed {', '.join(missing)}")
     ordered = {
-        method: dict(sorted(runs[method].items(), key=lambda item: float(item[0])))
+        method: {
+            lr: {seed: runs[method][lr][seed] for seed in seeds} for lr in sorted(runs[method], key=float)
+        }
         for method in METHODS
         if method in runs
     }
-    return {"n": n, "settings": shared, "runs": ordered}
+    return {"n": n, "seeds": [int(seed) for seed in seeds], "settings": shared, "runs": ordered}
 
 
 def _points(counts: dict[str, int], n: int) -> np.ndarray:
-    """Per-problem mean@n in points, ``[1, problems]`` in prompt-id order (one seed)."""
-    return 100.0 * np.array([[counts[p] for p in sorted(counts)]], dtype=float) / n
+    """Per-problem mean@n in points, in prompt-id order (one run, one evaluation)."""
+    return 100.0 * np.array([counts[p] for p in sorted(counts)], dtype=float) / n
 
 
 def selected(evaluations: dict[str, dict[str, int]], n: int) -> tuple[int, float]:
@@ -103,74 +115,105 @@ def selected(evaluations: dict[str, dict[str, int]], n: int) -> tuple[int, float
     return update, means[update]
 
 
+def rate_mean(by_seed: dict[str, dict], n: int) -> float:
+    """A learner's validation mean@n at one rate: the mean over seeds of each run's selected checkpoint."""
+    return float(np.mean([selected(evaluations, n)[1] for evaluations in by_seed.values()]))
+
+
+def _selected_counts(by_seed: dict[str, dict], n: int) -> np.ndarray:
+    """Correct counts [seeds, problems] at each run's selected checkpoint (prompt-id order)."""
+    rows = []
+    for evaluations in by_seed.values():
+        counts = evaluations[str(selected(evaluations, n)[0])]
+        rows.append([counts[p] for p in sorted(counts)])
+    return np.array(rows)
+
+
 def chosen_rates(sweep: dict) -> dict[str, float]:
-    """Each learner's rate: the one whose run reaches the highest validation mean@n at its selected
-    checkpoint, the smaller rate among equals."""
+    """Each learner's rate: the one whose runs reach the highest validation mean@n at their selected
+    checkpoints (mean over seeds), the smaller rate among equals."""
     n, chosen = sweep["n"], {}
     for method, by_lr in sweep["runs"].items():
         lrs = sorted(by_lr, key=float)
-        chosen[method] = float(max(lrs, key=lambda lr: (selected(by_lr[lr], n)[1], -float(lr))))
+        chosen[method] = float(max(lrs, key=lambda lr: (rate_mean(by_lr[lr], n), -float(lr))))
     return chosen
 
 
 def tuning_tables(sweep: dict) -> str:
     """Markdown: each learner's selected validation mean@n per rate, the chosen rate and its paired
-    difference to the runner-up; then every evaluation of every run."""
-    n, runs = sweep["n"], sweep["runs"]
+    difference to the runner-up (one Holm family over the learners); then every evaluation, mean over
+    seeds."""
+    n, runs, seeds = sweep["n"], sweep["runs"], sweep["seeds"]
     lrs = sorted({lr for by_lr in runs.values() for lr in by_lr}, key=float)
-    chosen = chosen_rates(sweep)
-    seed = sweep["settings"]["seed"]
+    chosen = {method: rate_text(lr) for method, lr in chosen_rates(sweep).items()}
+    margins = _margins(runs, chosen, n)
     table_rows = []
     for method, by_lr in runs.items():
-        best = rate_text(chosen[method])
         cells = []
         for lr in lrs:
             if lr not in by_lr:
                 cells.append("–")
                 continue
-            update, mean = selected(by_lr[lr], n)
-            cell = f"{mean:.2f} ({update})"
-            cells.append(f"**{cell}**" if lr == best else cell)
-        edge = " (grid edge)" if best in (lrs[0], lrs[-1]) and len(lrs) > 2 else ""
-        margin = _margin(by_lr, best, n)
-        table_rows.append([display(method), *cells, f"{best}{edge}", margin])
+            updates = "/".join(str(selected(evaluations, n)[0]) for evaluations in by_lr[lr].values())
+            cell = f"{rate_mean(by_lr[lr], n):.2f} ({updates})"
+            cells.append(f"**{cell}**" if lr == chosen[method] else cell)
+        edge = " (grid edge)" if chosen[method] in (lrs[0], lrs[-1]) and len(lrs) > 2 else ""
+        table_rows.append([display(method), *cells, f"{chosen[method]}{edge}", margins.get(method, "–")])
     header = ["learner", *(f"lr {lr}" for lr in lrs), "chosen", "chosen − runner-up [95 %]"]
     lines = [
-        f"### Validation mean@{n} (%) at each run's selected checkpoint (update), seed {seed}",
+        f"### Validation mean@{n} (%) at each run's selected checkpoint, mean over seeds"
+        f" {', '.join(map(str, seeds))} (selected update per seed)",
         "",
         *markdown.table(header, table_rows, "l" + "r" * (len(lrs) + 1) + "l"),
         "",
-        "The chosen rate is the one whose run reaches the highest validation mean@n at its selected"
-        " checkpoint (the smaller rate among equals): the higher validation mean, not a resolved difference."
-        " The difference to the runner-up is paired by problem at both runs' selected checkpoints; with one"
-        " seed its interval is over problems only and describes those two runs, so its verdict is **too few"
-        " seeds** (`compare/stats.py`): a rate is a choice made on validation, not a finding. (grid edge):"
-        " the best rate is the grid's largest or smallest.",
+        "The chosen rate is the one whose runs reach the highest validation mean@n at their selected"
+        " checkpoints, averaged over seeds (the smaller rate among equals). The difference to the runner-up"
+        " rate is paired by seed and problem at each run's selected checkpoint, calibrated for the seeds"
+        " (`compare/stats.py`) and Holm-adjusted over the learners' differences as one family. **resolved**:"
+        " the chosen rate beats the runner-up on validation; **not resolved**: these seeds cannot tell the"
+        " two rates apart, and the choice is only the higher mean; **too few seeds**: one seed, an interval"
+        " over problems that describes those two runs. The same runs choose the rate and measure its margin,"
+        " so the margin leans optimistic. (grid edge): the best rate is the grid's largest or smallest.",
         "",
-        f"### Every validation evaluation: mean@{n} (%) by update",
+        f"### Every validation evaluation: mean@{n} (%) by update, mean over seeds",
         "",
     ]
-    updates = sorted({int(u) for by_lr in runs.values() for ev in by_lr.values() for u in ev})
+    updates = sorted(
+        {
+            int(u)
+            for by_lr in runs.values()
+            for by_seed in by_lr.values()
+            for ev in by_seed.values()
+            for u in ev
+        }
+    )
     table_rows = []
     for method, by_lr in runs.items():
-        for lr in sorted(by_lr, key=float):
-            means = [
-                f"{_points(by_lr[lr][str(u)], n).mean():.2f}" if str(u) in by_lr[lr] else "–" for u in updates
-            ]
+        for lr, by_seed in by_lr.items():
+            means = [_update_mean(by_seed, str(u), n) for u in updates]
             table_rows.append([display(method), lr, *means])
     lines += markdown.table(["learner", "lr", *updates], table_rows, "lr" + "r" * len(updates))
     return "\n".join(lines + [""])
 
 
-def _margin(by_lr: dict[str, dict], best: str, n: int) -> str:
-    """The chosen rate's selected checkpoint minus the runner-up's, with its interval and verdict."""
-    others = [lr for lr in by_lr if lr != best]
-    if not others:
+def _update_mean(by_seed: dict[str, dict], update: str, n: int) -> str:
+    if any(update not in evaluations for evaluations in by_seed.values()):
         return "–"
-    runner_up = max(others, key=lambda lr: selected(by_lr[lr], n)[1])
-    best_update, _ = selected(by_lr[best], n)
-    other_update, _ = selected(by_lr[runner_up], n)
-    interval = stats.paired_interval(
-        _points(by_lr[best][str(best_update)], n) - _points(by_lr[runner_up][str(other_update)], n)
-    )
-    return f"− {runner_up}: {interval_verdict(interval)}"
+    return f"{np.mean([_points(evaluations[update], n).mean() for evaluations in by_seed.values()]):.2f}"
+
+
+def _margins(runs: dict[str, dict], chosen: dict[str, str], n: int) -> dict[str, str]:
+    """Each learner's chosen rate minus its runner-up (the next-highest mean), with its interval and its
+    verdict in the family of every learner's margin."""
+    pairs = {}
+    for method, by_lr in runs.items():
+        others = [lr for lr in by_lr if lr != chosen[method]]
+        if others:
+            runner_up = max(others, key=lambda lr: rate_mean(by_lr[lr], n))
+            best, other = (_selected_counts(by_lr[lr], n) for lr in (chosen[method], runner_up))
+            pairs[method] = (runner_up, stats.difference(best, other, n))
+    judged = stats.judge([interval for _, interval in pairs.values()])
+    return {
+        method: f"− {runner_up}: {verdict.text()}"
+        for (method, (runner_up, _)), verdict in zip(pairs.items(), judged, strict=True)
+    }

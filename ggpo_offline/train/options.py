@@ -34,6 +34,11 @@ class TrainOptions:
     )
     resume: bool = setting(False, "Continue the run in --out from its last checkpoint.")
     overwrite: bool = setting(False, "Replace an existing run folder.")
+    dry_run: bool = setting(
+        False,
+        "Print the plan (settings, data, evaluations, a time estimate) after every check the real run makes, "
+        "and exit; writes nothing.",
+    )
     collective_timeout: float = setting(
         DEFAULT_TIMEOUTS.collective,
         "With several processes: seconds a process waits for the others at a collective before the job "

@@ -179,6 +179,19 @@ def resume_hint(run_dir: Path) -> str:
     return f"the same command with --resume continues from update {update} ({checkpoint})"
 
 
+def folder_action(run_dir: Path, *, resume: bool, overwrite: bool) -> str:
+    """What a run does with its folder: train (empty or absent), resume or replace; refused when a run is
+    there and neither ``resume`` nor ``overwrite`` says what to do with it, or ``resume`` finds none."""
+    exists = not RunFolder(run_dir).is_empty()
+    if exists and not resume and not overwrite:
+        raise UserError(
+            f"{run_dir} already exists; pass --resume to continue it or --overwrite to replace it"
+        )
+    if resume and not exists:
+        raise UserError(f"--resume: {run_dir} holds no run to resume")
+    return "resume" if resume else "replace" if exists else "train"
+
+
 class Run:
     """One training run: its folder (made, replaced or resumed), its tracker, and its metric records, which
     reach the tracker and metrics.jsonl together. Rank 0 alone writes; every rank takes part in the checks."""
@@ -208,12 +221,7 @@ class Run:
         from ggpo_offline.train.distributed import barrier
 
         path, exists = self.folder.path, not self.folder.is_empty()
-        if exists and not resume and not overwrite:
-            raise UserError(
-                f"{path} already exists; pass --resume to continue it or --overwrite to replace it"
-            )
-        if resume and not exists:
-            raise UserError(f"--resume: {path} holds no run to resume")
+        folder_action(path, resume=resume, overwrite=overwrite)
         barrier(self.ranks)  # every rank has checked the folder before rank 0 changes it
         if self.ranks.main:
             if exists and not resume:

@@ -1,0 +1,150 @@
+"""What a run will do, worked out before it starts and without a model: `--dry-run` prints it, and the real
+command checks the same plan first (so the two cannot disagree)."""
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.inputs import RunInputs, read_inputs
+from ggpo_offline.train.plan import CheckedPool
+from ggpo_offline.train.run import RunFolder, folder_action
+
+SHAPE = (
+    "model", "updates", "groups_per_batch", "micro_batch_size", "forward_tokens", "threads", "fsdp",
+    "eval_every", "eval_num_problems", "eval_n", "test_num_problems", "no_test",
+)  # fmt: skip
+"""The settings a run's time depends on: earlier runs that share them predict a new one's."""
+REPORTS = Path("reports")
+"""Where compare reports live by default: their runs are the earlier runs an estimate reads."""
+RECORDED = ("process", "pi0")
+"""Phases a run pays only as a process's or a pool's first: not part of what one more run costs."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One run as it will go: its settings, what happens to its folder and what the pool offers."""
+
+    config: TrainConfig
+    action: str
+    """train, resume, replace (``--overwrite``) or reuse (a finished run compare keeps)."""
+    inputs: RunInputs
+
+    @property
+    def groups_needed(self) -> int:
+        return self.config.updates * self.config.groups_per_batch
+
+    @property
+    def mixed_groups(self) -> int:
+        return len(self.inputs.pool.index.mixed_group_ids)
+
+    def estimate(self) -> "Estimate":
+        """The whole run's time from earlier runs of its shape (`estimate`)."""
+        return estimate(self.config, 1, run_folders_near(self.config.run_dir))
+
+    @property
+    def evaluated(self) -> tuple[int, ...]:
+        """The updates whose checkpoint is evaluated on validation (`eval_due`)."""
+        from ggpo_offline.train.evaluation import eval_due  # imports torch: a refusal needs none
+
+        return tuple(update for update in range(self.config.updates + 1) if eval_due(self.config, update))
+
+
+def plan_run(
+    config: TrainConfig, pool: CheckedPool | None = None, *, resume: bool, overwrite: bool, processes: int = 1
+) -> RunPlan:
+    """Every check `ggpo train` makes before it writes: the pool, tokenizer, sampling and data plan
+    (`read_inputs`: too few mixed groups is refused here), the split over ``processes`` and the run folder
+    (`folder_action`, and a ``--resume`` that does not match the run). Loads no model."""
+    from ggpo_offline.train.checkpoint import resume_point
+    from ggpo_offline.train.distributed import Ranks
+
+    ranks = Ranks(world=processes)
+    inputs = read_inputs(config, ranks, pool)
+    action = folder_action(config.run_dir, resume=resume, overwrite=overwrite)
+    if resume:
+        resume_point(RunFolder(config.run_dir), config, ranks)
+    return RunPlan(config, action, inputs)
+
+
+def shape(config: dict) -> dict:
+    return {key: config.get(key) for key in SHAPE}
+
+
+def earlier_run_seconds(config: TrainConfig, folders: Iterable[Path]) -> list[float]:
+    """What each finished run among ``folders`` that shares ``config``'s SHAPE recorded in profile.jsonl,
+    its process start and π0 scoring left out."""
+    wanted, found = shape(config.to_dict()), []
+    for folder in dict.fromkeys(Path(f) for f in folders):
+        run = RunFolder(folder)
+        if not run.is_finished() or shape(run.read_config()) != wanted:
+            continue
+        phases = run.read_profile()
+        if phases:
+            found.append(sum(p.seconds for p in phases if p.phase not in RECORDED))
+    return found
+
+
+def run_folders_near(out: Path) -> list[Path]:
+    """The run folders an estimate may read: ``out``'s siblings and every compare report's runs under
+    ``reports/``."""
+    return [*(out.parent.glob("*")), *REPORTS.glob("*/runs/*")]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Seconds of one core for the runs to train, from earlier runs of the same shape (None: none found)."""
+
+    runs: int
+    per_run: float | None
+    earlier: int
+
+    def text(self) -> str:
+        if self.runs == 0:
+            return "nothing to train"
+        if self.per_run is None:
+            return "unknown (no finished run of this shape recorded its times)"
+        total = self.runs * self.per_run
+        return (
+            f"~{_duration(total)} on one core: {self.runs} run(s) x {self.per_run:.0f} s, the median of"
+            f" {self.earlier} earlier run(s) of the same shape"
+        )
+
+
+def estimate(config: TrainConfig, runs: int, folders: Iterable[Path]) -> Estimate:
+    seconds = earlier_run_seconds(config, folders)
+    return Estimate(runs, statistics.median(seconds) if seconds else None, len(seconds))
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def plan_lines(plan: RunPlan) -> list[str]:
+    """The data and evaluations of one run (of every run of a compare), as `--dry-run` prints them."""
+    config = plan.config
+    pool = plan.inputs.pool
+    lines = [
+        f"pool: {pool.path}: {pool.index.total_groups} groups x {pool.index.group_size}, {plan.mixed_groups}"
+        f" with mixed rewards",
+        f"data: {config.updates} updates x {config.groups_per_batch} groups = {plan.groups_needed} mixed"
+        f" groups per seed, of {plan.mixed_groups} ({plan.mixed_groups - plan.groups_needed} to spare)",
+    ]
+    if config.eval_every is None:
+        lines.append("evaluations: none (no --eval-every)")
+    else:
+        updates = ", ".join(map(str, plan.evaluated))
+        lines.append(
+            f"validation: updates {updates} x {_problems(config.eval_num_problems)} x {config.eval_n} samples"
+        )
+        if not config.no_test:
+            lines.append(
+                f"test: {_problems(config.test_num_problems)} x {config.eval_n} samples at the initial, final"
+                " and selected checkpoints"
+            )
+    return lines
+
+
+def _problems(count: int | None) -> str:
+    return "every problem" if count is None else f"{count} problems"

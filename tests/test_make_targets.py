@@ -1,0 +1,126 @@
+"""The README's make targets plan runs that fit their pools: the exact `ggpo compare` commands `make demo`,
+`make beyond`, `make tune-lr` and `make arc` run (read from the Makefile by running it with a `ggpo` that
+records them), and the plan of `make chaos` (tests/chaos.py), each checked by `--dry-run` against a pool of
+its shape. A change that makes a target's plan larger than its pool fails here, not an hour into the job."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, synthetic_rows, write_synthetic_pool
+from test_cli import ggpo_here
+
+from ggpo_offline.core.model_io import load_tokenizer, tiny_model_dir, tokenizer_sha256
+
+SHAPES = {
+    # The default pool: 500 groups x 8 of which 486 have mixed rewards, as docs/demo's pool section (and
+    # docs/beyond's) records them; `test_the_default_pool_shape_is_the_committed_reports` keeps them equal.
+    "pools/base.parquet": (500, 8, 486),
+    # The arc pool (1024 prompts x 8): the counts its footer holds, read from the pool `make arc` generated
+    # on 2026-12-04 (the arc report does not record them).
+    "pools/arc.parquet": (1024, 8, 995),
+}
+RECORDER = """#!{python}
+import json, os, sys
+with open(os.environ["GGPO_CALLS"], "a") as calls:
+    calls.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+
+def shaped_pool(path: Path, groups: int, m: int, mixed: int) -> Path:
+    """A valid pool of the embedded model's tokenizer with ``groups`` groups of ``m``, the first ``mixed``
+    of them with mixed rewards: what a plan reads from a pool (its footer, group ids and rewards)."""
+    rows = synthetic_rows(groups, m)
+    for row in rows:
+        row["reward"] = float(row["group_id"] < mixed and row["sample_idx"] == 0)
+    meta = {
+        "schema_version": 1,
+        "model": {"name": "embedded:tiny"},
+        "tokenizer": {"sha256": tokenizer_sha256(load_tokenizer(tiny_model_dir()))},
+        "sampling": {"m": m, "temperature": 1.0, "top_p": 1.0, "top_k": 0},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_synthetic_pool(path, m=m, rows=rows, metadata=meta)
+
+
+def make_calls(target: str, folder: Path) -> list[list[str]]:
+    """The `ggpo` commands ``make target`` runs, in order, from ``folder`` (pools there), none executed."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    recorder = bin_dir / "ggpo"
+    recorder.write_text(RECORDER.format(python=sys.executable))
+    recorder.chmod(0o755)
+    calls = folder / "calls.jsonl"
+    calls.unlink(missing_ok=True)
+    ceilings = REPO / "ggpo_offline" / "organism" / "tiny_model" / "styles.json"
+    variables = [f"VENV={REPO / '.venv'}", f"BIN={bin_dir}", f"CEILINGS={ceilings}"]
+    done = subprocess.run(
+        ["make", "-s", "-f", str(REPO / "Makefile"), "-o", "setup", target, *variables],
+        cwd=folder,
+        env={**os.environ, "GGPO_CALLS": str(calls)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def dry_run_every_plan(target: str, folder: Path) -> list[str]:
+    """Each `compare` or `train` command of ``make target`` through `--dry-run`: its output (it must pass)."""
+    plans = []
+    for call in make_calls(target, folder):
+        if call[0] in ("compare", "train"):
+            result = ggpo_here(*call, "--dry-run", cwd=folder)
+            assert result.returncode == 0, f"make {target}: ggpo {' '.join(call)}\n{result.stderr}"
+            plans.append(result.stdout)
+    return plans
+
+
+@pytest.fixture(scope="module")
+def shaped(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("targets")
+    for name, (groups, m, mixed) in SHAPES.items():
+        shaped_pool(folder / name, groups, m, mixed)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "target, compares",
+    [("demo", 3), ("beyond", 3), ("tune-lr", 6), ("arc", 4)],
+)
+def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares):
+    plans = dry_run_every_plan(target, shaped)
+    assert len(plans) == compares
+    assert all("dry run: nothing was written" in plan for plan in plans)
+    written = sorted(str(p.relative_to(shaped)) for p in shaped.rglob("*") if p.parent.name != "bin")
+    expected = ["bin", "calls.jsonl", "pools", *(f"pools/{name}" for name in ("arc.parquet", "base.parquet"))]
+    # Nothing but make arc's own `mkdir -p` of its ablations folder: no report, run or MLflow store.
+    assert [p for p in written if p not in expected] in (
+        [],
+        ["reports", "reports/arc", "reports/arc/ablations"],
+    )
+
+
+def test_the_default_pool_shape_is_the_committed_reports():
+    groups, m, mixed = SHAPES["pools/base.parquet"]
+    line = f"- {groups} groups × m = {m} = {groups * m} responses"
+    for report in ("demo", "beyond"):
+        readme = (REPO / "docs" / report / "README.md").read_text()
+        assert line in readme and f"{mixed} mixed groups" in readme, report
+
+
+def test_the_chaos_runs_plan_fits_the_pool_it_generates(tmp_path):
+    """`make chaos` generates its pool (tests/chaos.py's POOL, hf engine) and dry-runs its training plan on
+    it before the uninterrupted run: the same two steps here."""
+    from chaos import POOL, TRAIN
+
+    pool = tmp_path / "chaos.parquet"
+    made = ggpo_here(*POOL, "--out", str(pool), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    plan = ggpo_here(*TRAIN, "--pool", str(pool), "--out", str(tmp_path / "run"), "--dry-run", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert not (tmp_path / "run").exists()
