@@ -141,3 +141,34 @@ def test_a_process_ends_with_its_parent_and_takes_its_children_along(tmp_path):
             return
         time.sleep(0.1)
     pytest.fail("the child's own child outlived its parent by a minute")
+
+
+SERVE_A_GONE_PARENT = """
+from ggpo_offline.evaluate.config import EvalConfig
+from ggpo_offline.evaluate.remote import _serve
+
+class Gone:  # the training process's end of the pipe, after it was killed mid-evaluation
+    def __init__(self):
+        self.requests = [("check", None, None), ("check", None, None)]
+    def recv(self):
+        return self.requests.pop(0)
+    def send(self, answer):
+        raise BrokenPipeError(32, "Broken pipe")
+
+conn = Gone()
+_serve(conn, EvalConfig(engine="hf"))
+print("returned", len(conn.requests))
+"""
+
+
+def test_an_evaluation_process_whose_training_process_died_ends_without_a_traceback():
+    """make chaos, seed 0, run 8: a killed rank 0 left its evaluation process answering into a broken pipe,
+    and the job's output ended in two tracebacks instead of its one error line."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", SERVE_A_GONE_PARENT], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.split() == ["returned", "1"], done.stderr
+    assert "Traceback" not in done.stderr

@@ -127,11 +127,15 @@ def _serve(conn, config: EvalConfig) -> None:
                 return
             try:
                 evaluator = evaluator or Evaluator(config)
-                conn.send(("ok", _answer(evaluator, kind, protocol, model)))
+                answer = ("ok", _answer(evaluator, kind, protocol, model))
             except UserError as error:
-                conn.send(("error", str(error)))
+                answer = ("error", str(error))
             except Exception as error:  # reported by the training process, which stops the job
-                conn.send(("failed", f"{type(error).__name__}: {one_line(error)}"))
+                answer = ("failed", f"{type(error).__name__}: {one_line(error)}")
+            try:
+                conn.send(answer)
+            except ConnectionError:  # the training process died meanwhile; it is the job that speaks
+                return
     finally:
         if evaluator is not None:
             evaluator.close()
