@@ -155,20 +155,25 @@ class Gone:  # the training process's end of the pipe, after it was killed mid-e
     def send(self, answer):
         raise BrokenPipeError(32, "Broken pipe")
 
-conn = Gone()
-_serve(conn, EvalConfig(engine="hf"))
-print("returned", len(conn.requests))
+class Reset(Gone):  # killed while this process waited for its next request
+    def recv(self):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+for conn in (Gone(), Reset()):
+    _serve(conn, EvalConfig(engine="hf"))
+    print("returned", len(conn.requests))
 """
 
 
 def test_an_evaluation_process_whose_training_process_died_ends_without_a_traceback():
     """make chaos, seed 0, run 8: a killed rank 0 left its evaluation process answering into a broken pipe,
-    and the job's output ended in two tracebacks instead of its one error line."""
+    and the job's output ended in two tracebacks instead of its one error line; seed 2, run 4: one waiting
+    for its next request got a connection reset."""
     import subprocess
     import sys
 
     done = subprocess.run(
         [sys.executable, "-c", SERVE_A_GONE_PARENT], capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 0 and done.stdout.split() == ["returned", "1"], done.stderr
+    assert done.returncode == 0 and done.stdout.split() == ["returned", "1", "returned", "2"], done.stderr
     assert "Traceback" not in done.stderr

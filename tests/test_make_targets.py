@@ -19,8 +19,9 @@ SHAPES = {
     # The default pool: 500 groups x 8 of which 486 have mixed rewards, as docs/demo's pool section (and
     # docs/beyond's) records them; `test_the_default_pool_shape_is_the_committed_reports` keeps them equal.
     "pools/base.parquet": (500, 8, 486),
-    # The arc pool (1024 prompts x 8): the counts its footer holds, read from the pool `make arc` generated
-    # on 2026-12-04 (the arc report does not record them).
+    # The arc pool (1024 prompts x 8). Its mixed count is NOT measured: the arc report does not record it
+    # and no arc pool was at hand, so 995 is the default pool's share (486 / 500) of 1024, an assumption
+    # to be replaced by the count in the footer of a pool `make arc` generates.
     "pools/arc.parquet": (1024, 8, 995),
 }
 RECORDER = """#!{python}

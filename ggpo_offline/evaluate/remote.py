@@ -121,7 +121,7 @@ def _serve(conn, config: EvalConfig) -> None:
         while True:
             try:
                 kind, protocol, model = conn.recv()
-            except EOFError:  # the training process is gone
+            except (EOFError, ConnectionError):  # the training process is gone (closed, or killed: a reset)
                 return
             if kind == "stop":
                 return
