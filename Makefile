@@ -141,7 +141,7 @@ test: setup
 
 # Short jobs killed at random moments (a reward worker, generate-pool, a torchrun worker, the evaluation
 # engine, the whole training job); each must complete, or stop with one error line after which the command it
-# names gives the uninterrupted result bit for bit (tests/chaos.py; ~10 min on 2 cores).
+# names gives the uninterrupted result bit for bit (tests/chaos.py; 15 min on 2 cores, docs/reliability.md).
 CHAOS_RUNS ?= 10
 CHAOS_SEED ?= 0
 chaos: setup
