@@ -13,7 +13,7 @@ CORES ?= 0 1
 # every method against the two ceilings of selection they give.
 CEILINGS ?= ggpo_offline/organism/tiny_model/styles.json
 
-.PHONY: setup demo beyond arc tune-lr test chaos bench gpu-check lint clean-venv
+.PHONY: setup demo beyond corrections arc tune-lr test chaos bench gpu-check lint clean-venv
 
 setup: $(PROJECT_STAMP)
 
@@ -77,6 +77,22 @@ beyond: setup
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
 	$(call side_by_side,$(BEYOND),--seeds $(BEYOND_FIRST),--seeds $(BEYOND_SECOND),reports/beyond)
 	$(BEYOND) --seeds $(BEYOND_FIRST),$(BEYOND_SECOND)
+
+# The frameworks' rollout corrections side by side on the same pool and plan (docs/corrections/): one preset
+# of each distinct part (docs/corrections.md lists all 40; any of them can be named here) and GRPO, the
+# toolkit's PPO on π_θ/μ, at the demo's evaluation sizes. Every preset takes GRPO's tuned rate (TUNED_LR's
+# rule for a learner outside the sweep); none is tuned per preset. Two compares side by side, then one that
+# reuses every run and writes the report.
+CORRECTIONS_FIRST ?= grpo,verl-decoupled-token-is,verl-decoupled-seq-is,verl-decoupled-geo-rs,verl-bypass-ppo-clip,verl-bypass-pg-is,trl-sequence-mask
+CORRECTIONS_SECOND ?= trl-cispo,openrlhf-icepop,prime-rl,verl-gspo,verl-sapo,roll-topr,areal-m2po
+CORRECTIONS_SEEDS ?= 42,1234,2027
+CORRECTIONS := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(CORRECTIONS_SEEDS) --eval-n 2 \
+	--threads 1 --ceilings $(CEILINGS) --out reports/corrections
+corrections: setup
+	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
+	else $(BIN)/ggpo generate-pool --out $(POOL); fi
+	$(call side_by_side,$(CORRECTIONS),--methods $(CORRECTIONS_FIRST),--methods $(CORRECTIONS_SECOND),reports/corrections)
+	$(CORRECTIONS) --methods $(CORRECTIONS_FIRST),$(CORRECTIONS_SECOND)
 
 # How each learner's learning rate was chosen (docs/tuning/): every learner of the reports at three rates,
 # three seeds, the tiny preset at the demo's evaluation sizes otherwise, judged on validation only

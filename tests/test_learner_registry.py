@@ -18,8 +18,16 @@ from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.compare.readme import train_command
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import TrainConfig, resolve_config
-from ggpo_offline.train.learner_table import README_BEGIN, README_END, markdown_table, with_learner_table
+from ggpo_offline.train.learner_table import (
+    CORRECTIONS_DOC,
+    README_BEGIN,
+    README_END,
+    markdown_table,
+    with_corrections_table,
+    with_learner_table,
+)
 from ggpo_offline.train.learners import (
+    CORRECTIONS,
     NON_NEGATIVE,
     POSITIVE,
     REGISTRY,
@@ -40,9 +48,17 @@ def expected_readers(setting: str) -> set[str]:
     schedule = {"ref_refresh": "ref_logp", "tis_block": "old_logp"}
     return {
         entry.name
-        for entry in REGISTRY
+        for entry in REGISTRY + CORRECTIONS
         if setting in entry.hyperparameters or schedule.get(setting) in entry.needs
     }
+
+
+def expected_names(setting: str) -> list[str]:
+    """How a line names the readers of ``setting``: the toolkit's learners by name, the presets counted."""
+    readers = expected_readers(setting)
+    presets = sum(entry.name in readers for entry in CORRECTIONS)
+    counted = [f"{presets} framework presets"] if presets else []
+    return [entry.name for entry in REGISTRY if entry.name in readers] + counted
 
 
 def test_the_learner_settings_are_every_hyperparameter_and_reference_schedule():
@@ -58,7 +74,9 @@ def test_the_learner_settings_are_every_hyperparameter_and_reference_schedule():
     assert all("beta" in entry.bounds for entry in REGISTRY if "beta" in entry.hyperparameters)
 
 
-CASES = [(entry.name, name) for entry in REGISTRY for name in SETTINGS]
+BYPASS = next(entry for entry in CORRECTIONS if entry.preset.correction.bypass)
+DECOUPLED = next(entry for entry in CORRECTIONS if not entry.preset.correction.bypass)
+CASES = [(entry.name, name) for entry in (*REGISTRY, BYPASS, DECOUPLED) for name in SETTINGS]
 
 
 @pytest.mark.parametrize(("method", "setting"), CASES)
@@ -68,7 +86,7 @@ def test_a_learner_reads_its_settings_and_refuses_the_others(method, setting):
         assert getattr(config, setting) == VALID[setting]
         return
     flag = "--" + setting.replace("_", "-")
-    readers = ", ".join(entry.name for entry in REGISTRY if entry.name in expected_readers(setting))
+    readers = ", ".join(expected_names(setting)).replace("presets", "presets (docs/corrections.md)")
     with pytest.raises(UserError) as refused:
         resolve_config(None, None, method=method, **{setting: VALID[setting]})
     assert str(refused.value) == f"{flag} is not read by {method}; it is read by {readers}"
@@ -184,10 +202,10 @@ def test_each_learner_flags_help_names_exactly_the_learners_that_read_it(command
     texts = _help_texts(command)
     for setting in SETTINGS:
         help_text = texts["--" + setting.replace("_", "-")]
-        read_by = re.search(r"Read by ([^.]*)\.", help_text)
+        read_by = re.search(r"Read by (.*?)\.(?:\s|$)", help_text)
         assert read_by is not None, (setting, help_text)
-        assert _named(read_by.group(1)) == expected_readers(setting), setting
-    beta = re.search(r"Read by ([^.]*)\.", texts["--beta"]).group(1)
+        assert _named(read_by.group(1)) == set(expected_names(setting)), setting
+    beta = re.search(r"Read by (.*?)\.(?:\s|$)", texts["--beta"]).group(1)
     positive, non_negative = beta.split(";")
     assert positive.endswith("(> 0)") and non_negative.endswith("(>= 0)")
     assert _named(non_negative) == {"proximal-kl", "seq-is", "is-free"}
@@ -205,6 +223,16 @@ def test_the_readme_learner_table_is_the_registrys():
     assert block == "\n" + markdown_table(), (
         "run `python -m ggpo_offline.train.learner_table` to regenerate it"
     )
+
+
+def test_the_corrections_doc_holds_every_preset_as_the_registry_has_it():
+    doc = CORRECTIONS_DOC.read_text()
+    assert with_corrections_table(doc) == doc, "run `python -m ggpo_offline.train.learner_table` to regenerate it"
+    rows = [line for line in doc.splitlines() if line.startswith("| `")]
+    presets = [row for row in rows if "framework" not in row and "§" in row]
+    assert [row.split("`")[1] for row in presets] == [entry.name for entry in CORRECTIONS]
+    for entry, row in zip(CORRECTIONS, presets, strict=True):
+        assert f"`{entry.preset.knobs}`" in row and entry.summary in row
 
 
 def test_the_table_has_a_row_per_learner_with_its_facts():

@@ -43,6 +43,11 @@ DIAGNOSTICS = (
     "optim/grad_norm", "train/response_length",
 )  # fmt: skip
 """The training diagnostics diagnostics.csv keeps for every run and update (SPEC.md "Diagnostics")."""
+CORRECTION_DIAGNOSTICS = (
+    "correction/weight_mean", "correction/masked_frac", "correction/truncated_frac", "correction/masked_seq_frac",
+)  # fmt: skip
+"""A framework preset's share of tokens and responses its correction masks or truncates, and its mean weight:
+columns of diagnostics.csv when a run logged them (`ggpo_offline.train.losses.corrected`)."""
 
 __all__ = [
     "DIAGNOSTICS_FILE",
@@ -129,13 +134,15 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
     """Every run's training diagnostics per update, one row each (empty where a run logged none): the raw
     data of the figures' diagnostic panels and of the ESS and drift the reports quote. ``settings`` names
     run settings that tell the runs apart beyond method and seed (a sweep's ``lr``)."""
+    logged = {name for record in records for row in record.metrics for name in row}
+    columns = DIAGNOSTICS + tuple(name for name in CORRECTION_DIAGNOSTICS if name in logged)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(("method", "seed", *settings, "update", *DIAGNOSTICS))
+        writer.writerow(("method", "seed", *settings, "update", *columns))
         for record in records:
             chosen = [record.config[name] for name in settings]
             for row in record.metrics:
-                values = (row.get(name, "") for name in DIAGNOSTICS)
+                values = (row.get(name, "") for name in columns)
                 writer.writerow((record.method, record.seed, *chosen, row["update"], *values))
 
 

@@ -15,7 +15,7 @@ from ggpo_offline.compare.runs import validation_counts
 from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.learners import METHODS
+from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
 
 TUNING_FILE = "tuning.json"
@@ -97,7 +97,7 @@ def sweep_counts(records: list[RunRecord], parts: tuple[str, ...]) -> dict:
         method: {
             lr: {seed: runs[method][lr][seed] for seed in seeds} for lr in sorted(runs[method], key=float)
         }
-        for method in METHODS
+        for method in LEARNERS
         if method in runs
     }
     return {"n": n, "seeds": [int(seed) for seed in seeds], "settings": shared, "runs": ordered}

@@ -10,11 +10,14 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import check_choices, flag_name, load_config_file, normalize, setting
 from ggpo_offline.evaluate.config import DEFAULT_KS
 from ggpo_offline.generate.engines.base import EngineName
+from ggpo_offline.train.corrections import PRESETS
 from ggpo_offline.train.learners import (
+    LEARNERS,
     METHODS,
     PAPER_REF_REFRESH,
     Learner,
     learner,
+    named,
     read_by,
     readers,
     ref_refresh_help,
@@ -39,7 +42,11 @@ class TrainConfig:
     """Everything ``ggpo train`` needs. Defaults are SPEC.md's paper defaults (offline setting)."""
 
     pool: Path = setting(Path("pools/base.parquet"), "The pool to replay (a file or a shard directory).")
-    method: str = setting("ggpo", f"Learner: {', '.join(METHODS)} (README's learner table).")
+    method: str = setting(
+        "ggpo",
+        f"Learner: {', '.join(METHODS)} (README's learner table), or a framework preset: "
+        f"{', '.join(preset.name for preset in PRESETS)} (docs/corrections.md).",
+    )
     model: str | None = setting(None, "Initial policy, a local HF folder [default: the pool's model].")
     seed: int = setting(42, "Seeds the data plan (which groups, in which order) and torch.")
     updates: int = setting(400, "U: optimizer updates; each uses a fresh minibatch, none revisited.")
@@ -165,7 +172,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.ref_refresh == METHOD_DEFAULT:
-            refreshes = self.method in METHODS and self.learner.refreshes_reference
+            refreshes = self.method in LEARNERS and self.learner.refreshes_reference
             default = PAPER_REF_REFRESH if refreshes else None
             object.__setattr__(self, "ref_refresh", default)
         check_choices(self)
@@ -310,7 +317,7 @@ def refuse_unread(chosen: dict, methods: tuple[Learner, ...]) -> None:
         if name in LEARNER_SETTINGS and not any(method.reads(name) for method in methods):
             raise UserError(
                 f"--{flag_name(TrainConfig, name)} is not read by {', '.join(m.name for m in methods)}; "
-                f"it is read by {', '.join(readers(name))}"
+                f"it is read by {named(readers(name))}"
             )
 
 

@@ -1,4 +1,4 @@
-"""The README's learner table, generated from the registry and the settings' flags (never written by hand)."""
+"""The learner tables of README.md and docs/corrections.md, generated from the registry (never by hand)."""
 
 import sys
 from pathlib import Path
@@ -7,11 +7,15 @@ from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import flag_name
 from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.learners import PAPER_REF_REFRESH, REGISTRY, SCHEDULES, SYMBOLS, Learner
+from ggpo_offline.train.learners import CORRECTIONS, PAPER_REF_REFRESH, REGISTRY, SCHEDULES, SYMBOLS, Learner
 
 README_BEGIN = "<!-- learners:begin -->"
 README_END = "<!-- learners:end -->"
-README = Path(__file__).resolve().parents[2] / "README.md"
+CORRECTIONS_BEGIN = "<!-- corrections:begin -->"
+CORRECTIONS_END = "<!-- corrections:end -->"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+CORRECTIONS_DOC = ROOT / "docs" / "corrections.md"
 
 
 def _flag(setting: str) -> str:
@@ -63,16 +67,41 @@ def markdown_table() -> str:
     return "\n".join(markdown.table(header, rows)) + "\n"
 
 
+def corrections_table() -> str:
+    """docs/corrections.md's table: each framework preset, the knobs it reproduces, its parts, and where the
+    framework's code and its docs differ."""
+    header = ["method", "framework", "its settings (defaults where not written)", "parts", "SPEC", "note"]
+    rows = [
+        [f"`{entry.name}`", entry.preset.framework, f"`{entry.preset.knobs}`", entry.summary,
+         f"§{entry.preset.section}", entry.preset.note or "—"]
+        for entry in CORRECTIONS
+    ]  # fmt: skip
+    return "\n".join(markdown.table(header, rows)) + "\n"
+
+
+def _with_block(text: str, begin: str, end: str, block: str, name: str) -> str:
+    """``text`` with the lines between its ``begin`` and ``end`` markers replaced by ``block``."""
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise UserError(f"{name} needs one {begin} line and one {end} line")
+    head, rest = text.split(begin)
+    return f"{head}{begin}\n{block}{end}{rest.split(end)[1]}"
+
+
 def with_learner_table(readme: str) -> str:
     """``readme`` with the text between its learner markers replaced by `markdown_table()`."""
-    if readme.count(README_BEGIN) != 1 or readme.count(README_END) != 1:
-        raise UserError(f"README.md needs one {README_BEGIN} line and one {README_END} line")
-    head, rest = readme.split(README_BEGIN)
-    tail = rest.split(README_END)[1]
-    return f"{head}{README_BEGIN}\n{markdown_table()}{README_END}{tail}"
+    return _with_block(readme, README_BEGIN, README_END, markdown_table(), "README.md")
+
+
+def with_corrections_table(doc: str) -> str:
+    """docs/corrections.md's text with its generated block replaced by `corrections_table()`."""
+    return _with_block(doc, CORRECTIONS_BEGIN, CORRECTIONS_END, corrections_table(), "docs/corrections.md")
 
 
 if __name__ == "__main__":
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else README
-    path.write_text(with_learner_table(path.read_text()))
-    print(f"wrote the learner table into {path}")
+    # A path given: that README only (tests); none: the repository's README and docs/corrections.md.
+    targets = {Path(sys.argv[1]): with_learner_table} if len(sys.argv) > 1 else {
+        README: with_learner_table, CORRECTIONS_DOC: with_corrections_table
+    }  # fmt: skip
+    for path, rewrite in targets.items():
+        path.write_text(rewrite(path.read_text()))
+        print(f"wrote the learner table into {path}")

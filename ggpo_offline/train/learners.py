@@ -1,9 +1,11 @@
 """The learner registry: each method as an explicit record that the trainer, CLI, compare and report read."""
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.train.corrections import PRESETS, Preset, describe
 
 PAPER_REF_REFRESH = 160
 """T_ref of the learners that refresh π_ref by default (SPEC.md's paper default)."""
@@ -66,6 +68,9 @@ class Learner:
     bounds: dict[str, LowerBound] = field(default_factory=dict)
     """The valid range of each hyperparameter whose range differs by learner (β > 0 where the loss divides
     by β, β ≥ 0 where β = 0 is PG)."""
+    preset: Preset | None = None
+    """A framework's rollout correction (`ggpo_offline.train.corrections`): its loss also takes the
+    minibatch's response count, for the per-sequence aggregations."""
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -186,9 +191,29 @@ REGISTRY: tuple[Learner, ...] = (
         style={"color": "#000000", "linestyle": ":"},
     ),
 )  # fmt: skip
-LEARNERS: dict[str, Learner] = {learner.name: learner for learner in REGISTRY}
-METHODS: tuple[str, ...] = tuple(LEARNERS)
-SETTINGS: tuple[str, ...] = tuple(dict.fromkeys(name for learner in REGISTRY for name in learner.settings))
+
+
+def _preset_learner(preset: Preset, position: int) -> Learner:
+    """A framework preset as a learner: its parts fixed (framework defaults), only π_old's schedule read."""
+    correction = preset.correction
+    return Learner(
+        name=preset.name, label=preset.name, summary=describe(correction), loss_name="corrected_loss",
+        needs=("behavior_logp",) if correction.bypass else ("old_logp", "behavior_logp"), hyperparameters=(),
+        refreshes_reference=False,
+        formula=f"SPEC-corrections §{preset.section}; {preset.framework} {preset.knobs}",
+        style={"color": f"C{position % 10}", "linestyle": ("-", "--", "-.", ":")[position // 10 % 4]},
+        fixed={"correction": correction}, preset=preset,
+    )  # fmt: skip
+
+
+CORRECTIONS: tuple[Learner, ...] = tuple(_preset_learner(preset, i) for i, preset in enumerate(PRESETS))
+"""Every framework's rollout correction as a learner (docs/corrections.md); REGISTRY holds the others."""
+LEARNERS: dict[str, Learner] = {learner.name: learner for learner in REGISTRY + CORRECTIONS}
+METHODS: tuple[str, ...] = tuple(learner.name for learner in REGISTRY)
+"""The toolkit's own learners; every --method is one of these or a framework preset (`CORRECTIONS`)."""
+SETTINGS: tuple[str, ...] = tuple(
+    dict.fromkeys(name for learner in LEARNERS.values() for name in learner.settings)
+)
 """The learner-specific settings: every learner's hyperparameters and reference schedules. A learner
 refuses those it does not read (`ggpo_offline.train.config`)."""
 
@@ -196,31 +221,44 @@ refuses those it does not read (`ggpo_offline.train.config`)."""
 def learner(method: str) -> Learner:
     """The registry's record of ``method``; `UnknownMethod` naming the choices for an unknown one."""
     if method not in LEARNERS:
-        raise UnknownMethod(f"unknown method {method!r}; choose from {', '.join(LEARNERS)}")
+        close = difflib.get_close_matches(method, LEARNERS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UnknownMethod(
+            f"unknown method {method!r}; choose from {', '.join(METHODS)} or a framework preset "
+            f"(docs/corrections.md){hint}"
+        )
     return LEARNERS[method]
 
 
 def readers(setting: str) -> tuple[str, ...]:
     """The learners that read ``setting``, in registry order."""
-    return tuple(entry.name for entry in REGISTRY if entry.reads(setting))
+    return tuple(name for name, entry in LEARNERS.items() if entry.reads(setting))
+
+
+def named(names: tuple[str, ...] | list[str]) -> str:
+    """Learner names for one line: the framework presets among them counted, not listed."""
+    own = [name for name in names if LEARNERS[name].preset is None]
+    presets = len(names) - len(own)
+    counted = [f"{presets} framework presets (docs/corrections.md)"] if presets else []
+    return ", ".join(own + counted)
 
 
 def read_by(setting: str) -> str:
     """The "Read by ..." sentence of a learner-specific setting's help, with each learner's range where it
     differs by learner: "Read by ggpo, agro (> 0); proximal-kl (>= 0)."."""
     groups: dict[str, list[str]] = {}
-    for entry in REGISTRY:
+    for entry in LEARNERS.values():
         if entry.reads(setting):
             bound = entry.bounds.get(setting)
             groups.setdefault(f" ({bound})" if bound else "", []).append(entry.name)
-    return "Read by " + "; ".join(", ".join(names) + bound for bound, names in groups.items()) + "."
+    return "Read by " + "; ".join(named(names) + bound for bound, names in groups.items()) + "."
 
 
 def ref_refresh_help() -> str:
     """``--ref-refresh``'s help beyond its first clause: each learner's default, and who reads it."""
     refreshing = [entry.name for entry in REGISTRY if entry.refreshes_reference]
     fixed = [e.name for e in REGISTRY if e.reads("ref_refresh") and not e.refreshes_reference]
-    without = [entry.name for entry in REGISTRY if not entry.reads("ref_refresh")]
+    without = [entry.name for entry in REGISTRY if not entry.reads("ref_refresh")] + ["the framework presets"]
     return (
         f"[default: {PAPER_REF_REFRESH} (or the preset's) for {', '.join(refreshing)}; never (π0 stays π_ref "
         f"unless a value is given) for {', '.join(fixed)}]. {read_by('ref_refresh')} "

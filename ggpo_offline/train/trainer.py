@@ -197,6 +197,9 @@ class Trainer:
         micro-batch, then the step; returns the minibatch's metrics, reduced over ranks and computed before
         the step. The anchors this update reads must be fresh (`refresh_anchors`)."""
         token_count = all_sum(batch.mask.sum(), self.ranks).to(self.device)  # T_tok of the whole minibatch
+        counts = {"token_count": token_count}
+        if self.learner.preset is not None:  # per-sequence aggregations divide by the minibatch's G
+            counts["sequence_count"] = all_sum((batch.mask.sum(dim=1) > 0).sum(), self.ranks).to(self.device)
         responses = batch.num_responses * self.ranks.world
         diagnostics = StepDiagnostics(token_count, responses, self.needs_ref, self.ranks)
         self.optimizer.zero_grad(set_to_none=True)
@@ -207,7 +210,7 @@ class Trainer:
                 mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
                 with gradient_sync(self.policy, enabled=position == len(micros) - 1):
                     logp, entropy = self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)
-                    result = self._loss(micro, logp, mask, token_count, constants)
+                    result = self._loss(micro, logp, mask, counts, constants)
                     # DDP and FSDP2 average gradients over ranks; a loss normalized by the global T_tok wants
                     # their sum, the 1-process gradient.
                     (result.loss * self.ranks.world).backward()
@@ -228,16 +231,17 @@ class Trainer:
         return metrics
 
     def _loss(
-        self, micro: Minibatch, logp: Tensor, mask: Tensor, token_count: Tensor, constants: dict
+        self, micro: Minibatch, logp: Tensor, mask: Tensor, counts: dict[str, Tensor], constants: dict
     ) -> LossOutput:
-        """The learner's loss on one micro-batch, normalized by the minibatch's ``token_count``."""
+        """The learner's loss on one micro-batch, normalized by the minibatch's ``counts`` (T_tok, and G for
+        a framework preset)."""
         try:
             return self.learner.loss(
                 logp=logp,
                 mask=mask,
                 rewards=micro.rewards.to(self.device),
                 group_size=micro.group_size,
-                token_count=token_count,
+                **counts,
                 **constants,
                 **self.loss_kwargs,
             )

@@ -1,0 +1,229 @@
+"""The frameworks' rollout corrections as named presets, each a `Correction` of shared parts (no torch here).
+
+Every preset follows its framework's code at the commit SPEC-corrections.md cites, with the framework's own
+defaults; where the code and its docs or paper disagree, a second preset named ``…-docs`` or ``…-paper``
+follows them. `ggpo_offline.train.learners` registers every preset as a learner.
+"""
+
+from dataclasses import dataclass, replace
+
+OBJECTIVES = ("ppo", "gspo", "reinforce", "cispo", "topr", "sapo", "dppo", "kimi")
+
+
+@dataclass(frozen=True)
+class Correction:
+    """The parts of one configuration (SPEC-corrections.md; field defaults are verl's PPO actor's)."""
+
+    objective: str = "ppo"
+    """`OBJECTIVES`: PPO clip (and dual clip), GSPO's sequence ratio under PPO, REINFORCE −A·w·log π_θ, CISPO,
+    TOPR, SAPO, prime-rl's DPPO mask, Kimi-1.5's squared log-ratio."""
+    bypass: bool = False
+    """True: π_old := μ, so the objective's ratio is π_θ/μ and the behaviour statistics are taken from
+    κ = log π_θ − log μ (detached, every call); False (decoupled): ratio π_θ/π_old, statistics from
+    λ = log π_old − log μ."""
+    weight: str | None = None
+    """The importance weight's level (token, sequence product, geometric mean), or None for no weight."""
+    weight_low: float | None = None
+    weight_high: float | None = None
+    truncate: bool = True
+    """Outside [weight_low, weight_high] a weight is clamped (True) or set to 0 (False: TRL ``*_mask``,
+    OpenRLHF ``icepop``, AReaL's mask action)."""
+    filter_level: str | None = None
+    """A second level whose ratio must lie inside the bounds, the weight itself left unclamped (OpenRLHF
+    ``seq-mask-tis``: the geometric mean filters the token weights)."""
+    rejections: tuple[tuple[str, float | tuple[float, float]], ...] = ()
+    """verl ``rollout_rs`` options with their thresholds, ANDed."""
+    second_moment: float | None = None
+    """AReaL M2PO's τ on λ² (over each call's tokens, as AReaL does per micro-batch)."""
+    off_policy_delta: float | None = None
+    """TRL's off-policy sequence mask δ."""
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    coefficient_low: float | None = None
+    """CISPO's bounds on the detached ratio (None: open)."""
+    coefficient_high: float | None = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    gap_low: float = 0.2
+    gap_high: float = 0.2
+    adv_tau: float = 1.0
+    kl_tau: float = 1e-3
+    """prime-rl's coefficient of κ², and Kimi-1.5's τ."""
+    aggregation: str = "token-mean"
+    scale: float | None = None
+
+    @property
+    def ratio(self) -> str:
+        """The ratio the objective acts on, in SPEC-corrections.md's symbols."""
+        return "π_θ/μ (bypass)" if self.bypass else "π_θ/π_old, weights π_old/μ (decoupled)"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One framework configuration: what a user of that framework sets, and its parts here."""
+
+    name: str
+    """The --method value."""
+    framework: str
+    knobs: str
+    """The framework's settings it reproduces (their defaults where not written)."""
+    section: str
+    """SPEC-corrections.md's section."""
+    correction: Correction
+    note: str = ""
+    """Where the framework's code and its docs differ, or what this toolkit does differently."""
+
+
+def _k1(spec: str) -> tuple[float, float]:
+    """verl's k1 threshold "lo_hi": bounds on μ/π_old."""
+    low, high = spec.split("_")
+    return float(low), float(high)
+
+
+_VERL_PPO = Correction(dual_clip=3.0)  # actor clip_ratio 0.2, clip_ratio_c 3.0, loss_agg_mode token-mean
+_TOKEN_TIS = {"weight": "token", "weight_high": 2.0}
+_SEQ_TIS = {"weight": "sequence", "weight_high": 2.0}
+_GEO_RS = {"rejections": (("seq_mean_k1", _k1("0.999_1.001")),)}
+_K3_RS = {"rejections": (("seq_mean_k3", 0.01),)}
+_REINFORCE = {"objective": "reinforce"}
+
+
+def _verl(name: str, arguments: str, **parts) -> Preset:
+    """A verl ``RolloutCorrectionConfig`` classmethod preset with its default arguments."""
+    correction = replace(_VERL_PPO, bypass=name.startswith("bypass"), **parts)
+    knobs = f"RolloutCorrectionConfig.{name}({arguments})"
+    return Preset(f"verl-{name.replace('_', '-')}", "verl", knobs, "a", correction)
+
+
+_SEQ_RS = {"rejections": (("seq_sum_k1", _k1("0.5_2.0")),)}
+VERL = (
+    _verl("decoupled_token_is", "2.0", **_TOKEN_TIS),
+    _verl("decoupled_seq_is", "2.0", **_SEQ_TIS),
+    _verl("decoupled_seq_is_rs", '2.0, "0.5_2.0"', **_SEQ_TIS, **_SEQ_RS),
+    _verl("decoupled_geo_rs", '"0.999_1.001"', **_GEO_RS),
+    _verl("decoupled_geo_rs_seq_tis", '2.0, "0.999_1.001"', **_SEQ_TIS, **_GEO_RS),
+    _verl("decoupled_geo_rs_token_tis", '2.0, "0.999_1.001"', **_TOKEN_TIS, **_GEO_RS),
+    _verl("decoupled_k3_rs", "0.01", **_K3_RS),
+    _verl("decoupled_k3_rs_seq_tis", "2.0, 0.01", **_SEQ_TIS, **_K3_RS),
+    _verl("decoupled_k3_rs_token_tis", "2.0, 0.01", **_TOKEN_TIS, **_K3_RS),
+    _verl("bypass_ppo_clip", ""),
+    _verl("bypass_ppo_clip_geo_rs", '"0.999_1.001"', **_GEO_RS),
+    _verl("bypass_ppo_clip_k3_rs", "0.01", **_K3_RS),
+    _verl("bypass_pg_is", "2.0", **_REINFORCE, **_SEQ_TIS),
+    _verl("bypass_pg_geo_rs", '"0.999_1.001"', **_REINFORCE, **_GEO_RS),
+    _verl("bypass_pg_geo_rs_seq_tis", '2.0, "0.999_1.001"', **_REINFORCE, **_SEQ_TIS, **_GEO_RS),
+    _verl("bypass_pg_geo_rs_token_tis", '2.0, "0.999_1.001"', **_REINFORCE, **_TOKEN_TIS, **_GEO_RS),
+)
+"""verl's 16 ``RolloutCorrectionConfig`` presets, on its PPO actor (dual clip c = 3, token-mean)."""
+
+_TRL = Correction(weight="sequence", weight_high=3.0, truncate=False)  # sequence_mask, clip_max 3, dapo
+_TRL_KNOBS = "GRPOConfig(vllm_importance_sampling_mode={}, vllm_importance_sampling_clip_max=3.0{})"
+
+
+def _trl(name: str, mode: str, extra: str = "", note: str = "", **parts) -> Preset:
+    return Preset(
+        f"trl-{name}", "TRL", _TRL_KNOBS.format(repr(mode), extra), "b", replace(_TRL, **parts), note
+    )
+
+
+TRL = (
+    _trl("token-truncate", "token_truncate", weight="token", truncate=True,
+         note="The config docstring calls token_truncate the default; the code's default is sequence_mask."),
+    _trl("token-mask", "token_mask", weight="token"),
+    _trl("sequence-truncate", "sequence_truncate", truncate=True,
+         note="The sequence ratio is the product of token ratios, not their geometric mean."),
+    _trl("sequence-mask", "sequence_mask", note="TRL's default; a mask keeps the ratio inside the bounds."),
+    _trl("sequence-mask-opsm", "sequence_mask", ", off_policy_mask_threshold=0.05", off_policy_delta=0.05,
+         note="DeepSeek-V3.2's off-policy sequence mask; TRL sets no δ: 0.05 is SPEC-corrections' example."),
+    _trl("gspo", "sequence_mask", ", importance_sampling_level='sequence', loss_type='grpo'",
+         objective="gspo", aggregation="seq-mean-token-mean"),
+    _trl("sapo", "sequence_mask", ", loss_type='sapo'", objective="sapo", aggregation="seq-mean-token-mean"),
+    _trl("cispo", "sequence_mask", ", loss_type='cispo'", objective="cispo", coefficient_high=0.2,
+         note="The code caps the weight at epsilon_high itself (default 0.2)."),
+    _trl("cispo-docs", "sequence_mask", ", loss_type='cispo', epsilon_high=5.0", objective="cispo",
+         coefficient_high=5.0, note="epsilon_high = 5, as TRL's docs suggest for CISPO."),
+)  # fmt: skip
+"""TRL's GRPOTrainer: PPO without a dual clip, dapo's global token mean, the vLLM IS weight on every loss."""
+
+_OPENRLHF = Correction(weight="token", weight_low=0.5, weight_high=5.0)  # token_level_loss: token-mean
+_OPENRLHF_KNOBS = "--algo.advantage.is_correction_enable --algo.advantage.is_correction_type {}"
+OPENRLHF = (
+    Preset("openrlhf-tis", "OpenRLHF", _OPENRLHF_KNOBS.format("tis"), "c", _OPENRLHF),
+    Preset("openrlhf-icepop", "OpenRLHF", _OPENRLHF_KNOBS.format("icepop"), "c",
+           replace(_OPENRLHF, truncate=False)),
+    Preset("openrlhf-seq-mask-tis", "OpenRLHF", _OPENRLHF_KNOBS.format("seq-mask-tis"), "c",
+           replace(_OPENRLHF, filter_level="geometric"),
+           note="The geometric mean only filters: the code comment says clamped, the token weight is not."),
+    Preset("openrlhf-gspo-is", "OpenRLHF",
+           _OPENRLHF_KNOBS.format("tis") + " --actor.policy_loss_type gspo", "c",
+           Correction(objective="gspo", bypass=True, aggregation="seq-mean-token-mean"),
+           note="With IS, GSPO folds π_θ/μ into its ratio and the thresholds go unused."),
+)  # fmt: skip
+
+OTHERS = (
+    Preset("prime-rl", "prime-rl", '[trainer.loss] type="default"', "d",
+           Correction(objective="dppo", bypass=True),
+           note="The ratio carries gradient; docs/algorithms.md shows a clamp min(π/μ, δ) the code has not."),
+    Preset("verl-gspo", "verl", "actor.policy_loss.loss_mode=gspo", "e",
+           Correction(objective="gspo", aggregation="seq-mean-token-mean"),
+           note="verl's clip_ratio default 0.2; `gspo-paper` uses the paper's 3e-4 / 4e-4."),
+    Preset("gspo-paper", "verl", "loss_mode=gspo, clip_ratio_low=3e-4, clip_ratio_high=4e-4", "e",
+           Correction(objective="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq-mean-token-mean")),
+    Preset("verl-sapo", "verl", "actor.policy_loss.loss_mode=sapo", "e",
+           Correction(objective="sapo", aggregation="seq-mean-token-mean")),
+    Preset("verl-cispo", "verl", "actor.policy_loss.loss_mode=cispo", "e",
+           Correction(objective="cispo", coefficient_low=0.8, coefficient_high=1.2)),
+    Preset("roll-cispo", "ROLL", "pg_variant=cispo", "e",
+           Correction(objective="cispo", coefficient_low=0.9, coefficient_high=1.1,
+                      aggregation="seq-mean-token-mean")),
+    Preset("roll-topr", "ROLL", "pg_variant=topr", "e",
+           Correction(objective="topr", aggregation="seq-mean-token-mean"),
+           note="The ratio is token-level π_θ/π_old; the paper's is sequence-level π/μ."),
+    Preset("roll-kimi15", "ROLL", "pg_variant=kimi15", "e",
+           Correction(objective="kimi", kl_tau=0.1, aggregation="seq-mean-token-mean"),
+           note="kimi15_tau 0.1 is a getattr default, not a declared field."),
+    Preset("areal-m2po", "AReaL", "actor.m2_threshold=0.04", "e", Correction(second_moment=0.04),
+           note="The paper defines M2 on π_θ/μ, the code on π_prox/μ. AReaL's example also sets eps_clip 0."),
+    Preset("areal-behave-mask", "AReaL", "rejection_sampling(level=token, action=mask, upper=5.0)", "e",
+           Correction(weight="token", weight_high=5.0, truncate=False)),
+    Preset("areal-behave-clamp", "AReaL", "rejection_sampling(level=token, action=clamp, upper=5.0)", "e",
+           Correction(weight="token", weight_high=5.0)),
+)  # fmt: skip
+
+PRESETS: tuple[Preset, ...] = VERL + TRL + OPENRLHF + OTHERS
+
+_OBJECTIVE_WORDS = {
+    "ppo": "PPO", "gspo": "GSPO sequence ratio", "reinforce": "−A·w·log π_θ", "cispo": "CISPO",
+    "topr": "TOPR", "sapo": "SAPO", "dppo": "DPPO Δp mask + κ²", "kimi": "−A log π_θ + τ/2·ρ²",
+}  # fmt: skip
+
+
+def _bounds(low: float | None, high: float | None) -> str:
+    return f"[{'' if low is None else f'{low:g}'}, {'' if high is None else f'{high:g}'}]"
+
+
+def describe(correction: Correction) -> str:
+    """One line naming the parts: "PPO dual-clip on π_θ/π_old × sequence w truncated [, 2]; seq_mean_k1
+    rejection; token-mean"."""
+    c = correction
+    objective = _OBJECTIVE_WORDS[c.objective]
+    if c.objective == "ppo" and c.dual_clip is not None:
+        objective += " dual-clip"
+    if c.objective == "cispo":
+        objective += f" clip {_bounds(c.coefficient_low, c.coefficient_high)}"
+    text = f"{objective} on {'π_θ/μ' if c.bypass else 'π_θ/π_old'}"
+    if c.weight is not None:
+        kept = (
+            "filtered by the geometric mean in"
+            if c.filter_level
+            else ("truncated" if c.truncate else "masked")
+        )
+        text += f" × {c.weight} w {kept} {_bounds(c.weight_low, c.weight_high)}"
+    masks = [option for option, _ in c.rejections]
+    masks += ["M2"] * (c.second_moment is not None) + ["off-policy sequence"] * (
+        c.off_policy_delta is not None
+    )
+    if masks:
+        text += f"; {', '.join(masks)} rejection"
+    return f"{text}; {c.aggregation}"

@@ -1,0 +1,150 @@
+"""A framework's rollout correction composed from its parts.
+
+SPEC-corrections.md writes each framework's loss as a per-token objective on a policy ratio, times a constant
+behaviour weight and keep-masks, aggregated by a mode. `Correction` (`train.corrections`) names the parts;
+`correction_loss` composes them, and `corrected_loss` is the learner (GRPO's group advantage, SPEC.md GRPO).
+"""
+
+import torch
+from torch import Tensor
+
+from ggpo_offline.train.corrections import OBJECTIVES, Correction
+from ggpo_offline.train.losses import behavior, objectives
+from ggpo_offline.train.losses.aggregation import aggregate
+from ggpo_offline.train.losses.common import (
+    LOG_RATIO_BOUND,
+    LossOutput,
+    _check_groups,
+    _token_count,
+    _token_sum_over,
+)
+from ggpo_offline.train.losses.grpo import _grpo_advantage
+
+
+def _behaviour(correction: Correction, x: Tensor, kappa: Tensor, mask: Tensor, A: Tensor) -> tuple:
+    """(weight, keep, truncated): the constant importance weight, the product of every keep-mask, and where
+    the truncation changed a weight; each [B, T]."""
+    ones = torch.ones_like(x)
+    weight, keep, truncated = ones, ones, torch.zeros_like(x, dtype=torch.bool)
+    low, high = correction.weight_low, correction.weight_high
+    if correction.weight is not None:
+        raw = behavior.log_weight(x, mask, correction.weight).exp()
+        if correction.filter_level is None and correction.truncate:
+            weight = behavior.truncate(raw, low, high)
+            truncated = weight != raw
+        else:
+            weight = raw
+            if correction.filter_level is None:
+                keep = keep * behavior.inside(raw, low, high)
+    if correction.filter_level is not None:
+        keep = keep * behavior.inside(behavior.log_weight(x, mask, correction.filter_level).exp(), low, high)
+    for option, threshold in correction.rejections:
+        keep = keep * behavior.rejection_keep(x, mask, option, threshold)
+    if correction.second_moment is not None:
+        keep = keep * behavior.second_moment_keep(x, mask, correction.second_moment)
+    if correction.off_policy_delta is not None:
+        keep = keep * behavior.off_policy_sequence_keep(kappa, mask, A, correction.off_policy_delta)
+    return weight, keep, truncated
+
+
+def _objective(
+    correction: Correction,
+    logp: Tensor,
+    rho: Tensor,
+    A: Tensor,
+    rewards: Tensor,
+    mask: Tensor,
+    behavior_logp: Tensor,
+    weight: Tensor,
+) -> Tensor:
+    """The per-token objective ℓ [B, T] on the log-ratio ρ (π_θ against π_old, or μ in bypass mode)."""
+    c = correction
+    ratio = rho.detach().clamp(max=LOG_RATIO_BOUND).exp()
+    if c.objective == "ppo":
+        return objectives.ppo(rho, A, c.eps_low, c.eps_high, c.dual_clip)
+    if c.objective == "gspo":
+        return objectives.ppo(objectives.sequence_log_ratio(rho, mask), A, c.eps_low, c.eps_high, None)
+    if c.objective == "reinforce":
+        return objectives.score(logp, A, weight)
+    if c.objective == "cispo":
+        return objectives.score(logp, A, ratio.clamp(min=c.coefficient_low, max=c.coefficient_high))
+    if c.objective == "topr":
+        positive = (rewards > 0)[:, None]
+        return objectives.score(logp, A, torch.where(positive, torch.ones_like(ratio), ratio.clamp(0, 1)))
+    if c.objective == "sapo":
+        return objectives.sapo(rho, A, c.tau_pos, c.tau_neg)
+    if c.objective == "dppo":
+        keep = objectives.probability_gap_keep(logp, behavior_logp, A, c.gap_low, c.gap_high)
+        return objectives.dppo(rho, A, keep, c.adv_tau, c.kl_tau)
+    if c.objective == "kimi":
+        return objectives.squared_log_ratio(logp, rho, A, c.kl_tau)
+    raise ValueError(f"unknown objective {c.objective!r}; choose from {', '.join(OBJECTIVES)}")
+
+
+def correction_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    behavior_logp: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    rewards: Tensor,
+    correction: Correction,
+    *,
+    token_count: float | Tensor | None = None,
+    sequence_count: float | Tensor | None = None,
+) -> LossOutput:
+    """SPEC-corrections.md's loss of ``correction`` for given advantages A [B]:
+
+        λ = log π_old − log μ,  ρ = log π_θ − log π_old,  κ = λ + ρ        (bypass: π_old := μ, λ = 0)
+        w, keep = behaviour(λ or sg κ)                                     (constants)
+        L = aggregate(keep · w · ℓ(ρ, A), mode)                            (REINFORCE carries w inside ℓ)
+
+    stats: correction/weight_mean (token mean of keep·w), correction/masked_frac and
+    correction/truncated_frac (token fractions a keep-mask zeroes and a truncation changes), all over the
+    minibatch's N; correction/masked_seq_frac (responses with every token masked, over G).
+    """
+    old = behavior_logp if correction.bypass else old_logp
+    if old is None:
+        raise ValueError("a decoupled correction needs old_logp (π_old)")
+    kappa = logp.detach() - behavior_logp
+    x = kappa if correction.bypass else old - behavior_logp
+    weight, keep, truncated = _behaviour(correction, x, kappa, mask, advantages)
+    per_token = _objective(correction, logp, logp - old, advantages, rewards, mask, behavior_logp, weight)
+    scaled = keep * per_token if correction.objective == "reinforce" else keep * weight * per_token
+    loss = aggregate(
+        scaled, mask, correction.aggregation,
+        token_count=token_count, sequence_count=sequence_count, scale=correction.scale,
+    )  # fmt: skip
+    N = _token_count(mask, token_count, logp)
+    valid_sequences = (mask.sum(dim=-1) > 0).sum() if sequence_count is None else sequence_count
+    dropped = ((keep * mask).sum(dim=-1) == 0) & (mask.sum(dim=-1) > 0)
+    stats = {
+        "advantage": advantages,
+        "correction/weight_mean": _token_sum_over(keep * weight, mask, N),
+        "correction/masked_frac": _token_sum_over(keep == 0, mask, N),
+        "correction/truncated_frac": _token_sum_over(truncated, mask, N),
+        "correction/masked_seq_frac": dropped.sum() / _token_count(mask, valid_sequences, logp),
+    }
+    return LossOutput(loss, stats)
+
+
+def corrected_loss(
+    logp: Tensor,
+    behavior_logp: Tensor,
+    mask: Tensor,
+    rewards: Tensor,
+    *,
+    group_size: int,
+    correction: Correction,
+    old_logp: Tensor | None = None,
+    token_count: float | Tensor | None = None,
+    sequence_count: float | Tensor | None = None,
+) -> LossOutput:
+    """A framework preset as a learner: `correction_loss` with GRPO's group advantage
+    A_i = (r_i − mean r)/(std r + 1e-6) (SPEC.md GRPO; verl's and TRL's default estimator)."""
+    _check_groups(rewards, group_size)
+    A = _grpo_advantage(rewards, group_size)
+    return correction_loss(
+        logp, old_logp, behavior_logp, mask, A, rewards, correction,
+        token_count=token_count, sequence_count=sequence_count,
+    )  # fmt: skip

@@ -1,0 +1,231 @@
+"""The frameworks' rollout corrections equal SPEC-corrections.md's worked numbers (float64, loss and
+∂loss/∂log π_θ), part by part and preset by preset; a micro-batched minibatch gives the whole one's loss
+and gradient; and the realistic bugs of each family (the ratio against the wrong policy, a mask inverted,
+product for geometric mean) each break a worked number."""
+
+import math
+
+import pytest
+import torch
+
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.train.config import resolve_config
+from ggpo_offline.train.corrections import PRESETS, Correction
+from ggpo_offline.train.learners import CORRECTIONS, LEARNERS, learner
+from ggpo_offline.train.losses import aggregation, behavior, corrected, objectives
+from ggpo_offline.train.losses.aggregation import aggregate
+
+F64 = torch.float64
+MU = torch.tensor([[0.5, 0.2, 0.6], [0.7, 0.4, 0.1]], dtype=F64)
+LAM = torch.tensor([[0.1, 0.9, 0.3], [-0.8, -0.9, 1.2]], dtype=F64)  # log π_old − log μ
+RHO = torch.tensor([[0.05, 0.3, -0.25], [-0.3, 0.1, 0.0]], dtype=F64)  # log π_θ − log π_old
+A = torch.tensor([1.0, -1.0], dtype=F64)
+REWARDS = torch.tensor([1.0, 0.0], dtype=F64)
+MASK = torch.ones(2, 3, dtype=F64)
+PRESET = {preset.name: preset.correction for preset in PRESETS}
+
+
+def example(correction: Correction) -> tuple[float, torch.Tensor]:
+    """SPEC-corrections.md's example input through ``correction``: (loss, ∂loss/∂log π_θ)."""
+    behavior_logp = MU.log()
+    old_logp = behavior_logp + LAM
+    logp = (old_logp + RHO).requires_grad_()
+    out = corrected.correction_loss(logp, old_logp, behavior_logp, MASK, A, REWARDS, correction)
+    out.loss.backward()
+    return out.loss.item(), logp.grad
+
+
+# (correction, loss, gradient or None where the SPEC gives none): SPEC-corrections.md §a–e.
+WORKED = {
+    "verl-decoupled-token-is": (PRESET["verl-decoupled-token-is"], -0.300719,
+                                [[-0.1936, 0, -0.1752], [0, 0.0749, 0.3333]]),
+    "verl-decoupled-seq-is": (PRESET["verl-decoupled-seq-is"], -0.716345, None),
+    "verl-bypass-ppo-clip": (PRESET["verl-bypass-ppo-clip"], 0.197816, None),
+    "verl-bypass-pg-is": (PRESET["verl-bypass-pg-is"], 0.117274, [[-1 / 3] * 3, [0.0828] * 3]),
+    "trl-sequence-mask (dapo)": (PRESET["trl-sequence-mask"], 0.293679, [[0, 0, 0], [0, 0.1117, 0.1011]]),
+    "trl without IS": (Correction(), -0.020817, None),
+    "trl-cispo": (PRESET["trl-cispo"], -0.086442, None),
+    "trl-cispo-docs": (PRESET["trl-cispo-docs"], -0.412290, None),
+    "trl-sequence-mask-opsm": (PRESET["trl-sequence-mask-opsm"], 0.0, [[0, 0, 0], [0, 0, 0]]),
+    "trl-gspo": (PRESET["trl-gspo"], 0.283707, None),
+    "openrlhf-tis": (PRESET["openrlhf-tis"], -0.148654, None),
+    "openrlhf-icepop": (PRESET["openrlhf-icepop"], -0.307419, None),
+    "openrlhf-seq-mask-tis": (PRESET["openrlhf-seq-mask-tis"], -0.172620,
+                              [[-0.1936, 0, -0.1752], [0, 0.0749, 0.5534]]),
+    "openrlhf-gspo-is": (PRESET["openrlhf-gspo-is"], -0.2, [[0, 0, 0], [0, 0, 0]]),
+    "prime-rl": (PRESET["prime-rl"], 0.185294, [[-0.1936, 0.0004, -0.1752], [-0.0004, -0.0003, 0.5538]]),
+    "verl-gspo": (PRESET["verl-gspo"], -0.049194, [[-0.1723] * 3, [0.1559] * 3]),
+    "verl-sapo": (PRESET["verl-sapo"], -0.102589, None),
+    "roll-topr": (PRESET["roll-topr"], -0.414099, None),
+    "roll-kimi15": (PRESET["roll-kimi15"], -0.474898,
+                    [[(-a + 0.1 * r) / 6 for r in RHO[i].tolist()] for i, a in enumerate(A.tolist())]),
+}  # fmt: skip
+
+
+def mismatches() -> list[str]:
+    """The worked examples whose loss (to 1e-6) or gradient (to 1e-4) the code does not reproduce."""
+    wrong = []
+    for name, (correction, loss, gradient) in WORKED.items():
+        value, grad = example(correction)
+        if not math.isclose(value, loss, abs_tol=1e-6) or (
+            gradient is not None and not torch.allclose(grad, torch.tensor(gradient, dtype=F64), atol=1e-4)
+        ):
+            wrong.append(name)
+    return wrong
+
+
+def test_every_worked_loss_and_gradient_is_reproduced():
+    assert mismatches() == []
+
+
+def test_the_importance_weights_of_each_framework():
+    token, sequence = (behavior.log_weight(LAM, MASK, level).exp() for level in ("token", "sequence"))
+    q = [[1.1052, 2.4596, 1.3499], [0.4493, 0.4066, 3.3201]]
+    assert torch.allclose(token, torch.tensor(q, dtype=F64), atol=1e-4)
+    assert torch.allclose(sequence[:, 0], torch.tensor([3.6693, 0.6065], dtype=F64), atol=1e-4)
+    geometric = behavior.log_weight(LAM, MASK, "geometric").exp()[:, 0]
+    assert torch.allclose(geometric, torch.tensor([1.5424, 0.8465], dtype=F64), atol=1e-4)
+    # verl token TIS (C = 2); TRL token_truncate, token_mask, sequence_truncate, sequence_mask (max 3).
+    assert torch.allclose(
+        behavior.truncate(token, None, 2.0),
+        torch.tensor([[1.1052, 2, 1.3499], [0.4493, 0.4066, 2]], dtype=F64),
+        atol=1e-4,
+    )  # noqa: E501
+    assert behavior.truncate(token, None, 3.0)[1, 2] == 3.0
+    assert (token * behavior.inside(token, None, 3.0))[1].tolist()[2] == 0.0
+    assert torch.allclose(
+        behavior.truncate(sequence, None, 3.0)[:, 0], torch.tensor([3, 0.6065], dtype=F64), atol=1e-4
+    )  # noqa: E501
+    assert torch.allclose(
+        (sequence * behavior.inside(sequence, None, 3.0))[:, 0],
+        torch.tensor([0, 0.6065], dtype=F64),
+        atol=1e-4,
+    )  # noqa: E501
+
+
+@pytest.mark.parametrize(
+    ("option", "threshold", "keep"),
+    [
+        ("token_k1", (0.5, 2.0), [[1, 0, 1], [0, 0, 0]]),
+        ("token_k1", (0.8, 1.5), [[1, 0, 0], [0, 0, 0]]),
+        ("token_k3", 0.1, [[1, 0, 1], [0, 0, 0]]),
+        ("seq_sum_k1", (0.5, 2.0), [[0, 0, 0], [1, 1, 1]]),
+        ("seq_mean_k1", (0.8, 1.25), [[0, 0, 0], [1, 1, 1]]),
+        ("seq_mean_k3", 0.1, [[0, 0, 0], [0, 0, 0]]),
+        ("seq_max_k2", 0.5, [[1, 1, 1], [0, 0, 0]]),
+    ],
+)
+def test_verls_rejection_masks(option, threshold, keep):
+    assert behavior.rejection_keep(LAM, MASK, option, threshold).tolist() == keep
+
+
+def test_the_m2po_mask_drops_the_largest_second_moments_until_the_rest_is_below_tau():
+    assert behavior.second_moment_keep(LAM, MASK, 0.2).tolist() == [[1, 0, 1], [0, 0, 0]]
+    assert behavior.second_moment_keep(LAM, MASK, 0.04).tolist() == [[1, 0, 0], [0, 0, 0]]
+    assert behavior.second_moment_keep(LAM, MASK, 1e-9).sum() == 1  # at least one token is kept
+
+
+def test_the_off_policy_sequence_mask_drops_only_a_drifted_negative_response():
+    kappa = LAM + RHO
+    assert behavior.off_policy_sequence_keep(kappa, MASK, A, 0.05)[:, 0].tolist() == [1, 0]
+    assert behavior.off_policy_sequence_keep(kappa, MASK, A, 0.3)[:, 0].tolist() == [1, 1]
+
+
+def test_the_aggregation_modes():
+    lengths = [6, 3, 5, 2]
+    mask = torch.tensor([[t < n for t in range(6)] for n in lengths], dtype=F64)
+    loss = torch.tensor(
+        [[(6 * i + t + 1) / 10 if t < n else 100.0 for t in range(6)] for i, n in enumerate(lengths)],
+        dtype=F64,
+    )  # noqa: E501
+    expected = {"token-mean": 0.99375, "seq-mean-token-sum": 3.975, "seq-mean-token-mean": 1.15}
+    for mode, value in expected.items():
+        assert aggregate(loss, mask, mode).item() == pytest.approx(value, abs=1e-7), mode
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", scale=6).item() == pytest.approx(2.65)
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", scale=512).item() == pytest.approx(
+        0.0310547, abs=1e-7
+    )
+    assert set(aggregation.AGGREGATIONS) == {"token-mean", *expected, "seq-mean-token-sum-norm"}
+
+
+def _group_batch(seed: int = 0, groups: int = 4, m: int = 4, T: int = 6):
+    generator = torch.Generator().manual_seed(seed)
+    B = groups * m
+    # Every other response barely off-policy, so that each rejection keeps some responses and drops others.
+    drift = torch.tensor([3e-4, 0.3], dtype=F64).repeat(B // 2)[:, None]
+    logp = -torch.rand(B, T, generator=generator, dtype=F64) * 2
+    behavior_logp = logp + drift * torch.randn(B, T, generator=generator, dtype=F64)
+    old_logp = behavior_logp + drift * torch.randn(B, T, generator=generator, dtype=F64)
+    lengths = torch.randint(1, T + 1, (B,), generator=generator)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(F64)
+    rewards = torch.randint(0, 2, (B,), generator=generator).to(F64)
+    return logp, old_logp, behavior_logp, mask, rewards, m
+
+
+@pytest.mark.parametrize(
+    "preset", [p for p in PRESETS if p.correction.second_moment is None], ids=lambda p: p.name
+)
+def test_micro_batches_on_group_boundaries_give_the_whole_minibatchs_loss_and_gradient(preset):
+    """AReaL's M2 mask is read over each call's tokens, as AReaL reads it per micro-batch: not split here."""
+    logp, old_logp, behavior_logp, mask, rewards, m = _group_batch()
+
+    def loss(rows: slice, **counts) -> tuple[float, torch.Tensor]:
+        x = logp.clone().requires_grad_()
+        out = corrected.corrected_loss(x[rows], behavior_logp[rows], mask[rows], rewards[rows], group_size=m,
+                             correction=preset.correction, old_logp=old_logp[rows], **counts)  # fmt: skip
+        out.loss.backward()
+        return out.loss.item(), x.grad
+
+    whole, whole_grad = loss(slice(None))
+    counts = {"token_count": mask.sum(), "sequence_count": (mask.sum(1) > 0).sum()}
+    first, first_grad = loss(slice(0, 2 * m), **counts)
+    second, second_grad = loss(slice(2 * m, None), **counts)
+    assert first + second == pytest.approx(whole, abs=1e-12)
+    assert torch.allclose(first_grad + second_grad, whole_grad, atol=1e-12)
+    assert (whole_grad.abs().sum(dim=1) > 0).any()
+
+
+# Each family's realistic bug, applied to a part; each must break a worked number.
+MUTATIONS = {
+    "the weight's ratio against π_θ, not π_old": (
+        corrected, "_behaviour", lambda real: lambda c, x, kappa, mask, A: real(c, kappa, kappa, mask, A)),
+    "the objective's ratio against μ, not π_old": (
+        corrected, "_objective",
+        lambda real: lambda c, logp, rho, A, r, mask, mu, w: real(c, logp, logp - mu, A, r, mask, mu, w)),
+    "a keep-mask inverted": (behavior, "inside", lambda real: lambda *a, **k: 1 - real(*a, **k)),
+    "the geometric mean for the product": (
+        behavior, "log_weight",
+        lambda real: lambda x, mask, level: real(x, mask, "geometric" if level == "sequence" else level)),
+    "the PPO clip one-sided": (
+        objectives, "ppo", lambda real: lambda rho, A, low, high, c: real(rho, A, 10.0, high, c)),
+    "GSPO's ratio summed, not averaged, over tokens": (
+        objectives, "sequence_log_ratio",
+        lambda real: lambda rho, mask: real(rho * mask.sum(-1, keepdim=True), mask)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=MUTATIONS)
+def test_each_familys_bug_breaks_a_worked_number(monkeypatch, mutation):
+    module, name, wrap = MUTATIONS[mutation]
+    monkeypatch.setattr(module, name, wrap(getattr(module, name)))
+    assert mismatches() != []
+
+
+def test_every_preset_is_a_learner_that_reads_only_pi_olds_schedule():
+    assert [entry.name for entry in CORRECTIONS] == [preset.name for preset in PRESETS]
+    for entry in CORRECTIONS:
+        assert LEARNERS[entry.name] is entry and entry.loss_name == "corrected_loss"
+        bypass = entry.preset.correction.bypass
+        assert entry.needs == (("behavior_logp",) if bypass else ("old_logp", "behavior_logp"))
+        assert entry.settings == (() if bypass else ("tis_block",))
+    config = resolve_config("tiny", None, method="trl-sequence-mask", tis_block=1)
+    assert config.tis_block == 1 and config.ref_refresh is None
+    with pytest.raises(
+        UserError, match="--clip-eps is not read by trl-sequence-mask; it is read by grpo, grpo-tis$"
+    ):
+        resolve_config(None, None, method="trl-sequence-mask", clip_eps=0.3)
+    readers = r"it is read by grpo-tis, 31 framework presets \(docs/corrections.md\)$"
+    with pytest.raises(UserError, match=f"--tis-block is not read by verl-bypass-ppo-clip; {readers}"):
+        resolve_config(None, None, method="verl-bypass-ppo-clip", tis_block=3)
+    with pytest.raises(UserError, match="did you mean 'trl-sequence-mask'"):
+        learner("trl-sequence-masks")
