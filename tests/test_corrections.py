@@ -131,6 +131,15 @@ def test_the_off_policy_sequence_mask_drops_only_a_drifted_negative_response():
     assert behavior.off_policy_sequence_keep(kappa, MASK, A, 0.3)[:, 0].tolist() == [1, 1]
 
 
+def test_prime_rls_masks_on_the_probability_gap():
+    """Δp = π_θ − μ = [[.0809, .4640, .0308], [−.4670, −.2203, .2320]] (SPEC-corrections §d)."""
+    logp = MU.log() + LAM + RHO
+    default = objectives.probability_gap_keep(logp, MU.log(), A, 0.2, 0.2, both_sides=False)
+    assert default.tolist() == [[1, 0, 1], [0, 0, 1]]
+    ipo = objectives.probability_gap_keep(logp, MU.log(), A, 0.1, 0.1, both_sides=True)
+    assert ipo.tolist() == [[1, 0, 1], [0, 0, 0]]
+
+
 def test_the_aggregation_modes():
     lengths = [6, 3, 5, 2]
     mask = torch.tensor([[t < n for t in range(6)] for n in lengths], dtype=F64)
@@ -229,3 +238,20 @@ def test_every_preset_is_a_learner_that_reads_only_pi_olds_schedule():
         resolve_config(None, None, method="verl-bypass-ppo-clip", tis_block=3)
     with pytest.raises(UserError, match="did you mean 'trl-sequence-mask'"):
         learner("trl-sequence-masks")
+
+
+def test_diagnostics_csv_has_the_correction_columns_only_when_a_run_logged_them(tmp_path):
+    from types import SimpleNamespace
+
+    from ggpo_offline.compare.report import CORRECTION_DIAGNOSTICS, DIAGNOSTICS, write_diagnostics
+
+    plain = SimpleNamespace(method="grpo", seed=1, config={}, metrics=[{"update": 0, "mismatch/k3": 0.5}])
+    masked = {"update": 0, **dict.fromkeys(CORRECTION_DIAGNOSTICS, 0.25)}
+    preset = SimpleNamespace(method="trl-sequence-mask", seed=1, config={}, metrics=[masked])
+    path = tmp_path / "diagnostics.csv"
+    write_diagnostics([plain], path)
+    assert path.read_text().splitlines()[0] == ",".join(("method", "seed", "update", *DIAGNOSTICS))
+    write_diagnostics([plain, preset], path)
+    header, first, second = path.read_text().splitlines()
+    assert header.endswith(",".join(CORRECTION_DIAGNOSTICS))
+    assert first.endswith("," * len(CORRECTION_DIAGNOSTICS)) and second.endswith(",0.25" * 4)

@@ -227,7 +227,9 @@ def test_the_readme_learner_table_is_the_registrys():
 
 def test_the_corrections_doc_holds_every_preset_as_the_registry_has_it():
     doc = CORRECTIONS_DOC.read_text()
-    assert with_corrections_table(doc) == doc, "run `python -m ggpo_offline.train.learner_table` to regenerate it"
+    assert with_corrections_table(doc) == doc, (
+        "run `python -m ggpo_offline.train.learner_table` to regenerate it"
+    )
     rows = [line for line in doc.splitlines() if line.startswith("| `")]
     presets = [row for row in rows if "framework" not in row and "§" in row]
     assert [row.split("`")[1] for row in presets] == [entry.name for entry in CORRECTIONS]

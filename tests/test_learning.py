@@ -16,10 +16,10 @@ from ggpo_offline.organism.tiny import prompt_ids
 from ggpo_offline.train import losses
 from ggpo_offline.train.config import resolve_config
 from ggpo_offline.train.learners import LEARNERS, METHODS
+from ggpo_offline.train.trainer import train
 
 ALL_METHODS = tuple(LEARNERS)
 """The toolkit's learners and every framework preset: the exact checks below run on all of them."""
-from ggpo_offline.train.trainer import train
 
 UPDATES, GROUPS = 8, 4
 LR = 3e-4

@@ -1,7 +1,8 @@
 """The README's make targets plan runs that fit their pools: the exact `ggpo compare` commands `make demo`,
-`make beyond`, `make corrections`, `make tune-lr` and `make arc` run (read from the Makefile by running it with a `ggpo` that
-records them), and the plan of `make chaos` (tests/chaos.py), each checked by `--dry-run` against a pool of
-its shape. A change that makes a target's plan larger than its pool fails here, not an hour into the job."""
+`make beyond`, `make corrections`, `make tune-lr` and `make arc` run (read from the Makefile by running it
+with a `ggpo` that records them), and the plan of `make chaos` (tests/chaos.py), each checked by
+`--dry-run` against a pool of its shape. A change that makes a target's plan larger than its pool fails
+here, not an hour into the job."""
 
 import json
 import os

@@ -43,9 +43,9 @@ DIAGNOSTICS = (
     "optim/grad_norm", "train/response_length",
 )  # fmt: skip
 """The training diagnostics diagnostics.csv keeps for every run and update (SPEC.md "Diagnostics")."""
-CORRECTION_DIAGNOSTICS = (
-    "correction/weight_mean", "correction/masked_frac", "correction/truncated_frac", "correction/masked_seq_frac",
-)  # fmt: skip
+CORRECTION_DIAGNOSTICS = tuple(
+    f"correction/{name}" for name in ("weight_mean", "masked_frac", "truncated_frac", "masked_seq_frac")
+)
 """A framework preset's share of tokens and responses its correction masks or truncates, and its mean weight:
 columns of diagnostics.csv when a run logged them (`ggpo_offline.train.losses.corrected`)."""
 

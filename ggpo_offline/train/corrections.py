@@ -47,6 +47,8 @@ class Correction:
     tau_neg: float = 1.05
     gap_low: float = 0.2
     gap_high: float = 0.2
+    gap_both_sides: bool = False
+    """prime-rl's ``ipo`` mask: |Δp| bounded whatever the advantage's sign (``default``: one side by sign)."""
     adv_tau: float = 1.0
     kl_tau: float = 1e-3
     """prime-rl's coefficient of κ², and Kimi-1.5's τ."""
@@ -165,6 +167,9 @@ OTHERS = (
     Preset("prime-rl", "prime-rl", '[trainer.loss] type="default"', "d",
            Correction(objective="dppo", bypass=True),
            note="The ratio carries gradient; docs/algorithms.md shows a clamp min(π/μ, δ) the code has not."),
+    Preset("prime-rl-ipo", "prime-rl", '[trainer.loss] type="ipo"', "d",
+           Correction(objective="dppo", bypass=True, gap_low=0.1, gap_high=0.1, gap_both_sides=True),
+           note="Masks |Δp| > ipo_threshold 0.1 whatever the advantage's sign; otherwise the default loss."),
     Preset("verl-gspo", "verl", "actor.policy_loss.loss_mode=gspo", "e",
            Correction(objective="gspo", aggregation="seq-mean-token-mean"),
            note="verl's clip_ratio default 0.2; `gspo-paper` uses the paper's 3e-4 / 4e-4."),

@@ -24,20 +24,18 @@ from ggpo_offline.train.losses.grpo import _grpo_advantage
 def _behaviour(correction: Correction, x: Tensor, kappa: Tensor, mask: Tensor, A: Tensor) -> tuple:
     """(weight, keep, truncated): the constant importance weight, the product of every keep-mask, and where
     the truncation changed a weight; each [B, T]."""
-    ones = torch.ones_like(x)
-    weight, keep, truncated = ones, ones, torch.zeros_like(x, dtype=torch.bool)
+    weight = keep = torch.ones_like(x)
+    truncated = torch.zeros_like(x, dtype=torch.bool)
     low, high = correction.weight_low, correction.weight_high
     if correction.weight is not None:
-        raw = behavior.log_weight(x, mask, correction.weight).exp()
-        if correction.filter_level is None and correction.truncate:
-            weight = behavior.truncate(raw, low, high)
+        weight = behavior.log_weight(x, mask, correction.weight).exp()
+        if correction.filter_level is not None:  # another level's ratio decides, the weight stays as it is
+            keep = behavior.inside(behavior.log_weight(x, mask, correction.filter_level).exp(), low, high)
+        elif correction.truncate:
+            raw, weight = weight, behavior.truncate(weight, low, high)
             truncated = weight != raw
         else:
-            weight = raw
-            if correction.filter_level is None:
-                keep = keep * behavior.inside(raw, low, high)
-    if correction.filter_level is not None:
-        keep = keep * behavior.inside(behavior.log_weight(x, mask, correction.filter_level).exp(), low, high)
+            keep = behavior.inside(weight, low, high)
     for option, threshold in correction.rejections:
         keep = keep * behavior.rejection_keep(x, mask, option, threshold)
     if correction.second_moment is not None:
@@ -74,7 +72,9 @@ def _objective(
     if c.objective == "sapo":
         return objectives.sapo(rho, A, c.tau_pos, c.tau_neg)
     if c.objective == "dppo":
-        keep = objectives.probability_gap_keep(logp, behavior_logp, A, c.gap_low, c.gap_high)
+        keep = objectives.probability_gap_keep(
+            logp, behavior_logp, A, c.gap_low, c.gap_high, c.gap_both_sides
+        )
         return objectives.dppo(rho, A, keep, c.adv_tau, c.kl_tau)
     if c.objective == "kimi":
         return objectives.squared_log_ratio(logp, rho, A, c.kl_tau)

@@ -45,11 +45,14 @@ def sapo(log_ratio: Tensor, A: Tensor, tau_pos: float, tau_neg: float) -> Tensor
     return -torch.sigmoid(tau * (_ratio(log_ratio) - 1)) * 4 / tau * A
 
 
-def probability_gap_keep(logp: Tensor, behavior_logp: Tensor, A: Tensor, low: float, high: float) -> Tensor:
-    """prime-rl's DPPO mask on Δp = π_θ − μ: drop Δp > high where A > 0, Δp < −low otherwise (constant)."""
+def probability_gap_keep(
+    logp: Tensor, behavior_logp: Tensor, A: Tensor, low: float, high: float, both_sides: bool
+) -> Tensor:
+    """prime-rl's mask on Δp = π_θ − μ (constant): ``default`` drops Δp > high where A > 0 and Δp < −low
+    otherwise; ``ipo`` (``both_sides``) drops Δp outside [−low, high] whatever A's sign."""
     gap = logp.detach().exp() - behavior_logp.exp()
     A = A[:, None]
-    dropped = torch.where(A > 0, gap > high, gap < -low)
+    dropped = (gap > high) | (gap < -low) if both_sides else torch.where(A > 0, gap > high, gap < -low)
     return (~dropped).to(logp.dtype)
 
 
