@@ -4,6 +4,7 @@ and gradient; and the realistic bugs of each family (the ratio against the wrong
 product for geometric mean) each break a worked number."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -255,3 +256,20 @@ def test_diagnostics_csv_has_the_correction_columns_only_when_a_run_logged_them(
     header, first, second = path.read_text().splitlines()
     assert header.endswith(",".join(CORRECTION_DIAGNOSTICS))
     assert first.endswith("," * len(CORRECTION_DIAGNOSTICS)) and second.endswith(",0.25" * 4)
+
+
+def test_the_knob_table_names_every_part_field_and_only_those():
+    from dataclasses import fields
+
+    from conftest import REPO
+
+    doc = (REPO / "docs" / "corrections.md").read_text()
+    table = doc.split("## Each framework knob")[1].split("\n## ")[0]
+    named = {
+        field
+        for row in table.splitlines()
+        if row.startswith("| ") and row.count("|") == 4
+        for field in re.findall(r"`([a-z_]+)`", row.split("|")[3])
+    }
+    values = {"ppo", "reinforce", "gspo"}  # objective values the table quotes beside its field
+    assert named - values == {f.name for f in fields(Correction)}

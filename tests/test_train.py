@@ -15,6 +15,7 @@ from conftest import count_pool_passes, synthetic_rows, write_synthetic_pool
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.schema import METADATA_KEY
 from ggpo_offline.train.config import TrainConfig, resolve_config
+from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.logprobs import full_vocab_logprobs, length_buckets, response_logprobs
 from ggpo_offline.train.minibatch import MinibatchReader
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches
@@ -198,9 +199,12 @@ def test_learners_without_a_reference_refuse_a_refresh_interval(vllm_pool, tmp_p
     assert resolve_config(None, None, method="is-free", horizon="full").horizon is None
 
 
-@pytest.mark.parametrize("method", ["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis"])
+@pytest.mark.parametrize(
+    "method", ["ggpo", "ggpo-clip", "agro", "grpo", "grpo-tis", "trl-sequence-mask", "verl-bypass-pg-is"]
+)
 def test_every_method_trains_and_changes_the_policy(vllm_pool, tmp_path, method):
-    result = train(_config(vllm_pool, tmp_path, method=method, updates=3, tis_block=2))
+    reference = {} if LEARNERS[method].reads("ref_refresh") else {"ref_refresh": None}
+    result = train(_config(vllm_pool, tmp_path, method=method, updates=3, tis_block=2, **reference))
     assert [m["update"] for m in result.metrics] == [0, 1, 2]
     for record in result.metrics:
         assert all(np.isfinite(v) for k, v in record.items())
@@ -334,11 +338,12 @@ def test_non_finite_loss_stops_before_a_checkpoint(vllm_pool, tmp_path, monkeypa
     assert not (config.run_dir / "checkpoints").exists()
 
 
-def test_micro_batches_give_the_full_batch_update(vllm_pool, tmp_path):
-    whole = train(_config(vllm_pool, tmp_path, method="ggpo", updates=3, out=tmp_path / "whole"))
-    micro = train(
-        _config(vllm_pool, tmp_path, method="ggpo", updates=3, micro_batch_size=8, out=tmp_path / "m")
-    )
+@pytest.mark.parametrize("method", ["ggpo", "verl-gspo"])  # verl-gspo: a mean over the minibatch's responses
+def test_micro_batches_give_the_full_batch_update(vllm_pool, tmp_path, method):
+    reference = {} if LEARNERS[method].reads("ref_refresh") else {"ref_refresh": None}
+    settings = {"method": method, "updates": 3, **reference}
+    whole = train(_config(vllm_pool, tmp_path, **settings, out=tmp_path / "whole"))
+    micro = train(_config(vllm_pool, tmp_path, **settings, micro_batch_size=8, out=tmp_path / "m"))
     # Micro-batches sum the gradient in another order; Adam's division by sqrt(v) lets that last-digit
     # difference grow over updates (measured 1.9e-5 relative on ref/log_ratio at update 2), so update 0,
     # before any step, is held tighter than the later ones.
