@@ -20,10 +20,10 @@ SHAPES = {
     # The default pool: 500 groups x 8 of which 486 have mixed rewards, as docs/demo's pool section (and
     # docs/beyond's) records them; `test_the_default_pool_shape_is_the_committed_reports` keeps them equal.
     "pools/base.parquet": (500, 8, 486),
-    # The arc pool (1024 prompts x 8). Its mixed count is NOT measured: the arc report does not record it
-    # and no arc pool was at hand, so 995 is the default pool's share (486 / 500) of 1024, an assumption
-    # to be replaced by the count in the footer of a pool `make arc` generates.
-    "pools/arc.parquet": (1024, 8, 995),
+    # The arc pool (1024 prompts x 8): 998 mixed groups, measured in the footer of the pool `make arc`'s
+    # command generated (`ggpo generate-pool --num-prompts 1024`, 2026-12-05; the arc report does not
+    # record it). Its 60 updates x 8 groups use 480 per seed, so even doubled (960) they fit.
+    "pools/arc.parquet": (1024, 8, 998),
 }
 RECORDER = """#!{python}
 import json, os, sys
@@ -105,6 +105,19 @@ def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares
         [],
         ["reports", "reports/arc", "reports/arc/ablations"],
     )
+
+
+def test_an_arc_plan_larger_than_its_pool_is_refused_before_anything_runs(shaped):
+    """make arc's commands with 125 updates (1000 groups a seed, two more than the pool's 998 mixed ones):
+    every compare is refused with the real run's one line. (Doubled, 120 updates, still fit: 960.)"""
+    for call in make_calls("arc", shaped):
+        if call[0] == "compare":
+            result = ggpo_here(*call, "--updates", "125", "--dry-run", cwd=shaped)
+            assert result.returncode == 1
+            assert result.stderr.strip() == (
+                "error: the pool has 998 mixed-reward groups but 125 updates x 8 groups need 1000; lower "
+                "--updates or --groups-per-batch, or generate a larger pool"
+            )
 
 
 def test_the_default_pool_shape_is_the_committed_reports():
