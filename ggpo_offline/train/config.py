@@ -44,8 +44,7 @@ class TrainConfig:
     pool: Path = setting(Path("pools/base.parquet"), "The pool to replay (a file or a shard directory).")
     method: str = setting(
         "ggpo",
-        f"Learner: {', '.join(METHODS)} (README's learner table), or a framework preset: "
-        f"{', '.join(preset.name for preset in PRESETS)} (docs/corrections.md).",
+        f"Learner: {', '.join(METHODS + tuple(p.name for p in PRESETS))} (README, docs/corrections.md).",
     )
     model: str | None = setting(None, "Initial policy, a local HF folder [default: the pool's model].")
     seed: int = setting(42, "Seeds the data plan (which groups, in which order) and torch.")

@@ -28,6 +28,7 @@ def aggregate(
     seq-mean-token-mean      Σ_i (Σ_t M ℓ / (L_i + 1e-8)) / G
     seq-mean-token-sum-norm  Σ M ℓ / scale     (verl's loss_scale_factor; Dr. GRPO's constant)
     """
+    mask = mask.to(loss.dtype)  # a bool mask's integer lengths would demote float64 math (+ 1e-8 is float32)
     per_sequence = (mask * loss).sum(dim=-1)  # [B]
     if mode == "token-mean":
         return per_sequence.sum() / _token_count(mask, token_count, loss)

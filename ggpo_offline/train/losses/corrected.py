@@ -103,6 +103,7 @@ def correction_loss(
     correction/truncated_frac (token fractions a keep-mask zeroes and a truncation changes), all over the
     minibatch's N; correction/masked_seq_frac (responses with every token masked, over G).
     """
+    mask = mask.to(logp.dtype)
     old = behavior_logp if correction.bypass else old_logp
     if old is None:
         raise ValueError("a decoupled correction needs old_logp (π_old)")
