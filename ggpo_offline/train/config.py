@@ -10,10 +10,8 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import check_choices, flag_name, load_config_file, normalize, setting
 from ggpo_offline.evaluate.config import DEFAULT_KS
 from ggpo_offline.generate.engines.base import EngineName
-from ggpo_offline.train.corrections import PRESETS
 from ggpo_offline.train.learners import (
     LEARNERS,
-    METHODS,
     PAPER_REF_REFRESH,
     Learner,
     learner,
@@ -42,10 +40,7 @@ class TrainConfig:
     """Everything ``ggpo train`` needs. Defaults are SPEC.md's paper defaults (offline setting)."""
 
     pool: Path = setting(Path("pools/base.parquet"), "The pool to replay (a file or a shard directory).")
-    method: str = setting(
-        "ggpo",
-        f"Learner: {', '.join(METHODS + tuple(p.name for p in PRESETS))} (README, docs/corrections.md).",
-    )
+    method: str = setting("ggpo", f"Learner: {', '.join(LEARNERS)} (README, docs/corrections.md).")
     model: str | None = setting(None, "Initial policy, a local HF folder [default: the pool's model].")
     seed: int = setting(42, "Seeds the data plan (which groups, in which order) and torch.")
     updates: int = setting(400, "U: optimizer updates; each uses a fresh minibatch, none revisited.")

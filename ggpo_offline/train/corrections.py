@@ -55,11 +55,6 @@ class Correction:
     aggregation: str = "token-mean"
     scale: float | None = None
 
-    @property
-    def ratio(self) -> str:
-        """The ratio the objective acts on, in SPEC-corrections.md's symbols."""
-        return "π_θ/μ (bypass)" if self.bypass else "π_θ/π_old, weights π_old/μ (decoupled)"
-
 
 @dataclass(frozen=True)
 class Preset:

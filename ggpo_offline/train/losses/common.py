@@ -93,3 +93,8 @@ LOG_RATIO_BOUND = 20.0
 cap, k3 clamp), so no gradient that a clip lets through changes; it keeps exp finite, because a token the
 behavior policy rated near-impossible (log μ = −100) would otherwise give exp(100) = inf in fp32 and a NaN
 gradient (inf × the 0 gradient of a clipped branch)."""
+
+
+def _ratio(log_ratio: Tensor) -> Tensor:
+    """exp(log-ratio), the log-ratio first clamped to ±LOG_RATIO_BOUND: [B, T]."""
+    return log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()

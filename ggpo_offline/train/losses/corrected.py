@@ -12,9 +12,9 @@ from ggpo_offline.train.corrections import OBJECTIVES, Correction
 from ggpo_offline.train.losses import behavior, objectives
 from ggpo_offline.train.losses.aggregation import aggregate
 from ggpo_offline.train.losses.common import (
-    LOG_RATIO_BOUND,
     LossOutput,
     _check_groups,
+    _ratio,
     _token_count,
     _token_sum_over,
 )
@@ -57,7 +57,7 @@ def _objective(
 ) -> Tensor:
     """The per-token objective ℓ [B, T] on the log-ratio ρ (π_θ against π_old, or μ in bypass mode)."""
     c = correction
-    ratio = rho.detach().clamp(max=LOG_RATIO_BOUND).exp()
+    ratio = _ratio(rho.detach())
     if c.objective == "ppo":
         return objectives.ppo(rho, A, c.eps_low, c.eps_high, c.dual_clip)
     if c.objective == "gspo":
@@ -117,14 +117,15 @@ def correction_loss(
         token_count=token_count, sequence_count=sequence_count, scale=correction.scale,
     )  # fmt: skip
     N = _token_count(mask, token_count, logp)
-    valid_sequences = (mask.sum(dim=-1) > 0).sum() if sequence_count is None else sequence_count
-    dropped = ((keep * mask).sum(dim=-1) == 0) & (mask.sum(dim=-1) > 0)
+    answered = mask.sum(dim=-1) > 0  # responses with at least one token, as the aggregation's G counts
+    G = _token_count(mask, answered.sum() if sequence_count is None else sequence_count, logp)
+    dropped = answered & ((keep * mask).sum(dim=-1) == 0)
     stats = {
         "advantage": advantages,
         "correction/weight_mean": _token_sum_over(keep * weight, mask, N),
         "correction/masked_frac": _token_sum_over(keep == 0, mask, N),
         "correction/truncated_frac": _token_sum_over(truncated, mask, N),
-        "correction/masked_seq_frac": dropped.sum() / _token_count(mask, valid_sequences, logp),
+        "correction/masked_seq_frac": dropped.sum() / G,
     }
     return LossOutput(loss, stats)
 

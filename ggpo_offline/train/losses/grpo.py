@@ -10,6 +10,7 @@ from ggpo_offline.train.losses.common import (
     LossOutput,
     _check_groups,
     _groups,
+    _ratio,
     _token_count,
     _token_sum_over,
 )
@@ -46,11 +47,6 @@ def _grpo_stats(A: Tensor, pg: _PolicyGradient, kl: Tensor, mask: Tensor, T_tok:
         "dual_clip_frac": _token_sum_over(pg.dual_clipped, mask, T_tok),
         "kl": _token_sum_over(kl.detach(), mask, T_tok),
     }
-
-
-def _ratio(log_ratio: Tensor) -> Tensor:
-    """exp(log-ratio), the log-ratio first clamped to ±LOG_RATIO_BOUND: [B, T]."""
-    return log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
 
 
 def _k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:

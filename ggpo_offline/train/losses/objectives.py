@@ -7,11 +7,7 @@ Each takes the advantage A [B], the learner's log-probs and the log-ratio ρ = l
 import torch
 from torch import Tensor
 
-from ggpo_offline.train.losses.common import LOG_RATIO_BOUND, _seq_sum
-
-
-def _ratio(log_ratio: Tensor) -> Tensor:
-    return log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
+from ggpo_offline.train.losses.common import _ratio, _seq_sum
 
 
 def ppo(log_ratio: Tensor, A: Tensor, eps_low: float, eps_high: float, dual_clip: float | None) -> Tensor:
