@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+comma := ,
 ENGINE_STAMP := $(VENV)/.engine-$(if $(GPU),gpu,cpu)
 PROJECT_STAMP := $(VENV)/.project
 POOL ?= pools/base.parquet
@@ -13,7 +14,7 @@ CORES ?= 0 1
 # every method against the two ceilings of selection they give.
 CEILINGS ?= ggpo_offline/organism/tiny_model/styles.json
 
-.PHONY: setup demo beyond corrections arc tune-lr test chaos bench gpu-check lint clean-venv
+.PHONY: setup demo beyond corrections arc tune-lr tune-corrections test chaos bench gpu-check lint clean-venv
 
 setup: $(PROJECT_STAMP)
 
@@ -80,10 +81,9 @@ beyond: setup
 
 # The frameworks' rollout corrections side by side on the same pool and plan (docs/corrections/): one preset
 # of each distinct part (docs/corrections.md lists all 41; any of them can be named here) and GRPO, the
-# toolkit's PPO on π_θ/μ, at the demo's evaluation sizes. Every preset takes GRPO's tuned rate (TUNED_LR's
-# rule for a learner outside the sweep); none is tuned per preset. Two compares side by side, then one that
-# reuses every run and writes the report.
-CORRECTIONS_FIRST ?= grpo,verl-decoupled-token-is,verl-decoupled-seq-is,verl-decoupled-geo-rs,verl-bypass-ppo-clip,verl-bypass-pg-is,trl-sequence-mask
+# toolkit's PPO on π_θ/μ, at the demo's evaluation sizes. Each preset at its rate from `make tune-corrections`
+# (TUNED_LR). Two compares side by side, then one that reuses every run and writes the report.
+CORRECTIONS_FIRST ?= verl-decoupled-token-is,verl-decoupled-seq-is,verl-decoupled-geo-rs,verl-bypass-ppo-clip,verl-bypass-pg-is,trl-sequence-mask
 CORRECTIONS_SECOND ?= trl-cispo,openrlhf-icepop,prime-rl,verl-gspo,verl-sapo,roll-topr,areal-m2po
 CORRECTIONS_SEEDS ?= 42,1234,2027
 CORRECTIONS := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(CORRECTIONS_SEEDS) --eval-n 2 \
@@ -91,13 +91,13 @@ CORRECTIONS := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(CORREC
 corrections: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
-	$(call side_by_side,$(CORRECTIONS),--methods $(CORRECTIONS_FIRST),--methods $(CORRECTIONS_SECOND),reports/corrections)
-	$(CORRECTIONS) --methods $(CORRECTIONS_FIRST),$(CORRECTIONS_SECOND)
+	$(call side_by_side,$(CORRECTIONS),--methods grpo$(comma)$(CORRECTIONS_FIRST),--methods $(CORRECTIONS_SECOND),reports/corrections)
+	$(CORRECTIONS) --methods grpo,$(CORRECTIONS_FIRST),$(CORRECTIONS_SECOND)
 
 # How each learner's learning rate was chosen (docs/tuning/): every learner of the reports at three rates,
 # three seeds, the tiny preset at the demo's evaluation sizes otherwise, judged on validation only
-# (--no-test); TUNED_LR in ggpo_offline/train/config.py records the choice. Two compares per rate side by
-# side, pinned as in `make arc`.
+# (--no-test); TUNED_LR in ggpo_offline/train/config.py records the choice. `make tune-corrections` does the
+# same for `make corrections`' presets (docs/corrections/tuning/).
 TUNE_LRS ?= 3e-4 1e-4 3e-5
 TUNE_FIRST ?= grpo,agro,proximal-kl,cispo,is-free
 TUNE_SECOND ?= grpo-tis,ggpo,pg,seq-is,rft
@@ -105,16 +105,26 @@ TUNE_OUT ?= reports/tuning
 TUNE_SEEDS ?= 42,1234,2027
 TUNE := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(TUNE_SEEDS) --eval-n 2 --no-test --threads 1 \
 	--no-tracking
+
+# Two compares per rate side by side, pinned as in `make arc`, then the sweep's report.
+# $(call tune_sweep,FIRST'S METHODS,SECOND'S METHODS,FOLDER)
+define tune_sweep
+@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
+else $(BIN)/ggpo generate-pool --out $(POOL); fi
+( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); for lr in $(TUNE_LRS); do \
+  $(TUNE) --methods $(1) --lr $$lr --out $(3)/first-lr$$lr || exit 1; done ) & first=$$!; \
+( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); for lr in $(TUNE_LRS); do \
+  $(TUNE) --methods $(2) --lr $$lr --out $(3)/second-lr$$lr || exit 1; done ); \
+second=$$?; wait $$first && [ $$second -eq 0 ]
+parts=$$(for lr in $(TUNE_LRS); do printf '%s,' $(3)/first-lr$$lr $(3)/second-lr$$lr; done); \
+$(BIN)/ggpo tune-report --parts $${parts%,} --out $(3)
+endef
+
 tune-lr: setup
-	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
-	else $(BIN)/ggpo generate-pool --out $(POOL); fi
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); for lr in $(TUNE_LRS); do \
-	  $(TUNE) --methods $(TUNE_FIRST) --lr $$lr --out $(TUNE_OUT)/first-lr$$lr || exit 1; done ) & first=$$!; \
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); for lr in $(TUNE_LRS); do \
-	  $(TUNE) --methods $(TUNE_SECOND) --lr $$lr --out $(TUNE_OUT)/second-lr$$lr || exit 1; done ); \
-	second=$$?; wait $$first && [ $$second -eq 0 ]
-	parts=$$(for lr in $(TUNE_LRS); do printf '%s,' $(TUNE_OUT)/first-lr$$lr $(TUNE_OUT)/second-lr$$lr; done); \
-	$(BIN)/ggpo tune-report --parts $${parts%,} --out $(TUNE_OUT)
+	$(call tune_sweep,$(TUNE_FIRST),$(TUNE_SECOND),$(TUNE_OUT))
+
+tune-corrections: setup
+	$(call tune_sweep,$(CORRECTIONS_FIRST),$(CORRECTIONS_SECOND),reports/tuning-corrections)
 
 # The paper's offline arc on the embedded model (docs/arc/): GRPO, GRPO+TIS, AGRO, GGPO and the second paper's
 # two best learners on validation (PG 60.35, Proximal KL 60.45: seed 42's selected checkpoint at each one's

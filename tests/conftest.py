@@ -2,6 +2,8 @@
 
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,24 +140,26 @@ def hf_pool(tmp_path_factory) -> Path:
     return generate_pool(config)
 
 
+def build_rehearsal_in_new_process(out: Path, seed: int) -> Path:
+    """The rehearsal model built in a new process, as `ggpo build-rehearsal-model` builds it: a worker that
+    has started the session's vLLM engine cannot set torch's threads (the builder refuses there)."""
+    code = "import sys; from ggpo_offline.organism.rehearsal import build_rehearsal_model as build; "
+    code += "build(sys.argv[1], int(sys.argv[2]))"
+    command = [sys.executable, "-c", code, str(out), str(seed)]
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    return out
+
+
 @pytest.fixture(scope="session")
 def rehearsal_dir(tmp_path_factory) -> Path:
     """The rehearsal model (a small Qwen3 with a byte-level BPE and a chat template), built once (seed 0)."""
-    from ggpo_offline.organism.rehearsal import build_rehearsal_model
-
-    out = tmp_path_factory.mktemp("rehearsal") / "model"
-    build_rehearsal_model(out, seed=0)
-    return out
+    return build_rehearsal_in_new_process(tmp_path_factory.mktemp("rehearsal") / "model", seed=0)
 
 
 @pytest.fixture(scope="session")
 def other_rehearsal_dir(tmp_path_factory) -> Path:
     """The rehearsal model built from seed 1: the same tokenizer, other weights (another model's rollouts)."""
-    from ggpo_offline.organism.rehearsal import build_rehearsal_model
-
-    out = tmp_path_factory.mktemp("rehearsal-seed-1") / "model"
-    build_rehearsal_model(out, seed=1)
-    return out
+    return build_rehearsal_in_new_process(tmp_path_factory.mktemp("rehearsal-seed-1") / "model", seed=1)
 
 
 @pytest.fixture(scope="session")

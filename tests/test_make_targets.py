@@ -1,8 +1,8 @@
 """The README's make targets plan runs that fit their pools: the exact `ggpo compare` commands `make demo`,
-`make beyond`, `make corrections`, `make tune-lr` and `make arc` run (read from the Makefile by running it
-with a `ggpo` that records them), and the plan of `make chaos` (tests/chaos.py), each checked by
-`--dry-run` against a pool of its shape. A change that makes a target's plan larger than its pool fails
-here, not an hour into the job."""
+`make beyond`, `make corrections`, `make tune-lr`, `make tune-corrections` and `make arc` run (read from the
+Makefile by running it with a `ggpo` that records them), and the plan of `make chaos` (tests/chaos.py), each
+checked by `--dry-run` against a pool of its shape. A change that makes a target's plan larger than its pool
+fails here, not an hour into the job."""
 
 import json
 import os
@@ -92,7 +92,7 @@ def shaped(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "target, compares",
-    [("demo", 3), ("beyond", 3), ("corrections", 3), ("tune-lr", 6), ("arc", 4)],
+    [("demo", 3), ("beyond", 3), ("corrections", 3), ("tune-lr", 6), ("tune-corrections", 6), ("arc", 4)],
 )
 def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares):
     plans = dry_run_every_plan(target, shaped)

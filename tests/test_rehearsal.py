@@ -139,6 +139,25 @@ def test_the_command_builds_the_same_files_from_the_same_seed(
     assert other["model.safetensors"] != built["model.safetensors"]
 
 
+def test_a_process_that_cannot_set_the_threads_is_refused_before_it_trains(tmp_path, monkeypatch):
+    """Where torch ignores set_num_threads (a vLLM CPU engine started in the process binds its threads), the
+    weights would be another thread count's, not the seed's: the builders refuse and write nothing."""
+    import torch
+
+    from ggpo_offline.core.errors import UserError
+    from ggpo_offline.organism.rehearsal import build_rehearsal_model
+    from ggpo_offline.organism.tiny import build_tiny_model
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    refusal = r"^torch keeps 3 threads where {} were asked \(a vLLM engine started in this process binds"
+    with pytest.raises(UserError, match=refusal.format(1)):
+        build_rehearsal_model(tmp_path / "rehearsal")
+    with pytest.raises(UserError, match=refusal.format(2)):
+        build_tiny_model(tmp_path / "tiny", steps=1, n_train=8)
+    assert list(tmp_path.iterdir()) == []
+
+
 def _check_pool_rows(pool: Path, tokenizer, model_dir: Path, num_prompts: int, seed: int) -> Counter:
     """Token-level facts of every row: the prompt ids are the pipeline's chat encoding ending in the
     generation prompt; a stopped response ends with exactly one EOS, a cut one has none and the full length;

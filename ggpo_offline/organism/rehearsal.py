@@ -21,7 +21,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config,
 from ggpo_offline.generate.arith import ArithItem, arith_items
 from ggpo_offline.generate.prompts import SYSTEM_PROMPT, USER_SUFFIX, encode_prompt, format_prompt
 from ggpo_offline.organism.styles import STYLES
-from ggpo_offline.organism.tiny import IGNORE_INDEX, collate
+from ggpo_offline.organism.tiny import IGNORE_INDEX, collate, torch_threads
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
@@ -194,15 +194,10 @@ def build_rehearsal_model(out: Path, seed: int = 0) -> dict:
     out = Path(out)
     tokenizer = build_tokenizer(seed)
     endoftext, im_end = tokenizer.convert_tokens_to_ids([ENDOFTEXT, IM_END])
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(BUILD_THREADS)
-    try:
-        with torch.random.fork_rng():  # the caller's random stream stays where it was
-            torch.manual_seed(seed)
-            model = Qwen3ForCausalLM(build_config(tokenizer))
-            final_loss = _teach_short_answers(model, _chat_examples(tokenizer, seed), endoftext, seed)
-    finally:
-        torch.set_num_threads(previous_threads)
+    with torch_threads(BUILD_THREADS), torch.random.fork_rng():  # the caller's random stream stays put
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(build_config(tokenizer))
+        final_loss = _teach_short_answers(model, _chat_examples(tokenizer, seed), endoftext, seed)
     model.generation_config = GenerationConfig(
         bos_token_id=endoftext, eos_token_id=[im_end, endoftext], pad_token_id=endoftext
     )

@@ -5,6 +5,8 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -16,6 +18,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.generate.arith import arith_items
 from ggpo_offline.generate.prompts import encode_prompt, format_prompt
 from ggpo_offline.organism.styles import STYLES, prompt_class
@@ -225,6 +228,25 @@ def _train(
     }
 
 
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block on ``threads`` torch threads (None: torch's setting), then restore the caller's; refuse
+    where torch cannot take them: a vLLM CPU engine started in this process binds its threads and ignores
+    torch.set_num_threads, and weights trained on another thread count are not the seed's."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+        if torch.get_num_threads() != threads:
+            raise UserError(
+                f"torch keeps {torch.get_num_threads()} threads where {threads} were asked (a vLLM engine "
+                "started in this process binds them); build the model in a new process"
+            )
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def build_tiny_model(
     out_dir: Path,
     seed: int = 0,
@@ -245,10 +267,7 @@ def build_tiny_model(
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
     examples, weights, flat = _training_examples(tokenizer, n_train, seed)
-    previous_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
+    with torch_threads(num_threads):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(build_config(tokenizer))
         stats = _train(
@@ -265,8 +284,6 @@ def build_tiny_model(
             warmup_steps=warmup_steps,
             log_every=log_every,
         )
-    finally:
-        torch.set_num_threads(previous_threads)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
