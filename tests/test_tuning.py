@@ -14,8 +14,9 @@ from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.tables import rate_text
 from ggpo_offline.compare.tuning import TUNING_FILE, chosen_rates, tune_report, tuning_tables
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.config import PRESETS, TUNED_LR, PerLearner, resolve_config
-from ggpo_offline.train.learners import METHODS
+from ggpo_offline.train.config import PRESETS, resolve_config
+from ggpo_offline.train.learners import LEARNERS
+from ggpo_offline.train.rates import TUNED_LR, PerLearner
 
 SWEEP = {  # validation counts of 8 problems out of 8 at updates 0, 4, 8 (BASE: 4 problems at 25 %)
     # GRPO at 3e-4 peaks highest (87.50 at update 4) and then falls below 1e-4's final: chosen by its peak.
@@ -142,7 +143,7 @@ def test_tune_report_on_the_command_line(tmp_path):
 
 
 def test_a_preset_gives_each_learner_its_tuned_rate_and_a_flag_still_wins():
-    for method in METHODS:
+    for method in LEARNERS:  # the core learners and the framework presets
         expected = TUNED_LR.chosen.get(method, TUNED_LR.default)
         assert resolve_config("tiny", None, method=method).lr == expected, method
         assert resolve_config("arc", None, method=method).lr == expected, method
@@ -159,12 +160,18 @@ def test_a_preset_gives_each_learner_its_tuned_rate_and_a_flag_still_wins():
         ]
     finally:
         del PRESETS["per-learner-test"]
-    assert str(rates) == "per learner (docs/tuning), else 0.0003"
+    assert str(rates) == "per learner (docs/tuning, docs/corrections/tuning), else 0.0003"
 
 
-def test_the_presets_rates_are_the_ones_the_committed_sweep_chose():
-    docs = Path(__file__).resolve().parents[1] / "docs" / "tuning"
-    sweep = json.loads((docs / TUNING_FILE).read_text())
-    assert chosen_rates(sweep) == TUNED_LR.chosen
-    assert tuning_tables(sweep) in (docs / "README.md").read_text()
-    assert len(sweep["seeds"]) >= 2 and sweep["settings"]["updates"] == PRESETS["tiny"]["updates"]
+def test_the_presets_rates_are_the_ones_the_committed_sweeps_chose():
+    """`make tune-lr` (docs/tuning) and `make tune-corrections` (docs/corrections/tuning) each tune their
+    learners once; TUNED_LR holds both choices and nothing else."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    chosen: dict[str, float] = {}
+    for folder in (docs / "tuning", docs / "corrections" / "tuning"):
+        sweep = json.loads((folder / TUNING_FILE).read_text())
+        assert not chosen.keys() & chosen_rates(sweep).keys(), folder
+        chosen |= chosen_rates(sweep)
+        assert tuning_tables(sweep) in (folder / "README.md").read_text()
+        assert len(sweep["seeds"]) >= 2 and sweep["settings"]["updates"] == PRESETS["tiny"]["updates"]
+    assert chosen == TUNED_LR.chosen

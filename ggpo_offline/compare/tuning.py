@@ -34,7 +34,7 @@ def tune_report(config: TuneConfig) -> Path:
     (out / TUNING_FILE).write_text(json.dumps(sweep, indent=1) + "\n")
     write_diagnostics(records, out / DIAGNOSTICS_FILE, settings=("lr",))
     sections = [
-        "# Each learner's learning rate, chosen on validation (`make tune-lr`)",
+        "# Each learner's learning rate, chosen on validation",
         "",
         f"Written by ggpo-offline {__version__} on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by"
         f" `ggpo tune-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}.",

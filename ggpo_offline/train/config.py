@@ -21,6 +21,7 @@ from ggpo_offline.train.learners import (
     ref_refresh_help,
 )
 from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
+from ggpo_offline.train.rates import TUNED_LR, PerLearner
 
 FORWARD_TOKENS = 4096
 """Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at
@@ -195,41 +196,6 @@ class ScoreConfig:
 
     model: str | None = setting(None, "Initial policy folder [default: the pool's model].")
 
-
-@dataclass(frozen=True)
-class PerLearner:
-    """A preset's value chosen for each learner (``make tune-lr`` chooses the learning rates); ``default``
-    for a learner outside the choice."""
-
-    chosen: dict[str, float]
-    default: float
-
-    def of(self, method: str) -> float:
-        return self.chosen.get(method, self.default)
-
-    def __str__(self) -> str:  # as the flags' help shows it
-        return f"per learner (docs/tuning), else {self.default:g}"
-
-
-TUNED_LR = PerLearner(
-    # `make tune-lr` (docs/tuning): each learner's rate from 3e-5, 1e-4, 3e-4 by its validation mean@2 at the
-    # selected checkpoints, mean over seeds 42, 1234, 2027, the tiny preset on the default pool: the higher
-    # mean, not a resolved difference (none of the ten is, after Holm). A learner outside the sweep gets the
-    # GRPO baseline's rate (the paper's rule, which every learner followed before this organism).
-    chosen={
-        "ggpo": 1e-4,
-        "agro": 1e-4,
-        "grpo": 3e-4,
-        "grpo-tis": 1e-4,
-        "proximal-kl": 1e-4,
-        "pg": 1e-4,
-        "cispo": 1e-4,
-        "seq-is": 1e-4,
-        "is-free": 1e-4,
-        "rft": 3e-4,
-    },  # fmt: skip
-    default=3e-4,
-)
 
 PRESETS: dict[str, dict] = {
     # SPEC.md "Paper defaults" (offline): β 0.01, m 8, G 32, U 400, lr 1e-6, T_ref 160.
