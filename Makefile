@@ -81,8 +81,9 @@ beyond: setup
 
 # The frameworks' rollout corrections side by side on the same pool and plan (docs/corrections/): one preset
 # of each distinct part (docs/corrections.md lists all 41; any of them can be named here) and GRPO, the
-# toolkit's PPO on π_θ/μ, at the demo's evaluation sizes, seven seeds. Each preset at its rate from `make
-# tune-corrections` (TUNED_LR). Two compares side by side, then one that reuses every run and writes the report.
+# toolkit's PPO on π_θ/μ, at the demo's evaluation sizes, seven seeds. Each preset at its rate from
+# `make tune-corrections` (TUNED_LR). Two compares side by side, then one that reuses every run and writes
+# the report.
 CORRECTIONS_FIRST ?= verl-decoupled-token-is,verl-decoupled-seq-is,verl-decoupled-geo-rs,verl-bypass-ppo-clip,verl-bypass-pg-is,trl-sequence-mask
 CORRECTIONS_SECOND ?= trl-cispo,openrlhf-icepop,prime-rl,verl-gspo,verl-sapo,roll-topr,areal-m2po
 CORRECTIONS_SEEDS ?= 42,1234,2027,1,2,3,4

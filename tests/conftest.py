@@ -145,8 +145,10 @@ def build_rehearsal_in_new_process(out: Path, seed: int) -> Path:
     has started the session's vLLM engine cannot set torch's threads (the builder refuses there)."""
     code = "import sys; from ggpo_offline.organism.rehearsal import build_rehearsal_model as build; "
     code += "build(sys.argv[1], int(sys.argv[2]))"
-    command = [sys.executable, "-c", code, str(out), str(seed)]
-    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(out), str(seed)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
     return out
 
 

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class PerLearner:
-    """A preset's value chosen for each learner (``make tune-lr`` chooses the learning rates); ``default``
-    for a learner outside the choice."""
+    """A preset's value chosen for each learner (``make tune-lr`` and ``make tune-corrections`` choose the
+    learning rates); ``default`` for a learner outside the choice."""
 
     chosen: dict[str, float]
     default: float
