@@ -80,7 +80,7 @@ beyond: setup
 	$(BEYOND) --seeds $(BEYOND_FIRST),$(BEYOND_SECOND)
 
 # The frameworks' rollout corrections side by side on the same pool and plan (docs/corrections/): one preset
-# of each distinct part (docs/corrections.md lists all 41; any of them can be named here) and GRPO, the
+# of each distinct part (docs/corrections.md lists all 43; any of them can be named here) and GRPO, the
 # toolkit's PPO on π_θ/μ, at the demo's evaluation sizes, seven seeds. Each preset at its rate from
 # `make tune-corrections` (TUNED_LR). Two compares side by side, then one that reuses every run and writes
 # the report.

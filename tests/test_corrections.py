@@ -24,6 +24,10 @@ A = torch.tensor([1.0, -1.0], dtype=F64)
 REWARDS = torch.tensor([1.0, 0.0], dtype=F64)
 MASK = torch.ones(2, 3, dtype=F64)
 PRESET = {preset.name: preset.correction for preset in PRESETS}
+# verl's batch normalisation divides the truncated weights by their mean (SPEC-corrections §a), and every loss
+# below is linear in w: the normalised presets' worked losses are the plain ones over these means.
+TOKEN_IS_MEAN = float(LAM.exp().clamp(max=2).mean())  # the SPEC's [[1.1052, 2, 1.3499], [.4493, .4066, 2]]
+SEQ_IS_MEAN = float(LAM.sum(dim=1).exp().clamp(max=2).mean())  # the SPEC's [2 | .6065]
 
 
 def example(correction: Correction) -> tuple[float, torch.Tensor]:
@@ -41,6 +45,10 @@ WORKED = {
     "verl-decoupled-token-is": (PRESET["verl-decoupled-token-is"], -0.300719,
                                 [[-0.1936, 0, -0.1752], [0, 0.0749, 0.3333]]),
     "verl-decoupled-seq-is": (PRESET["verl-decoupled-seq-is"], -0.716345, None),
+    "verl-decoupled-token-is-norm": (PRESET["verl-decoupled-token-is-norm"], -0.300719 / TOKEN_IS_MEAN,
+                                     [[-0.1936 / TOKEN_IS_MEAN, 0, -0.1752 / TOKEN_IS_MEAN],
+                                      [0, 0.0749 / TOKEN_IS_MEAN, 0.3333 / TOKEN_IS_MEAN]]),
+    "verl-decoupled-seq-is-norm": (PRESET["verl-decoupled-seq-is-norm"], -0.716345 / SEQ_IS_MEAN, None),
     "verl-bypass-ppo-clip": (PRESET["verl-bypass-ppo-clip"], 0.197816, None),
     "verl-bypass-pg-is": (PRESET["verl-bypass-pg-is"], 0.117274, [[-1 / 3] * 3, [0.0828] * 3]),
     "trl-sequence-mask (dapo)": (PRESET["trl-sequence-mask"], 0.293679, [[0, 0, 0], [0, 0.1117, 0.1011]]),
@@ -102,6 +110,40 @@ def test_the_importance_weights_of_each_framework():
         torch.tensor([0, 0.6065], dtype=F64),
         atol=1e-4,
     )  # noqa: E501
+
+
+def test_verls_batch_normalised_weights():
+    token = behavior.truncate(behavior.log_weight(LAM, MASK, "token").exp(), None, 2.0)
+    sequence = behavior.truncate(behavior.log_weight(LAM, MASK, "sequence").exp(), None, 2.0)
+    N, G = MASK.sum(), torch.tensor(2.0, dtype=F64)
+    normalised = behavior.batch_normalize(token, behavior.weight_total(token, MASK, "token"), N, "token")
+    spec = [[0.9070, 1.6414, 1.1078], [0.3688, 0.3337, 1.6414]]
+    assert torch.allclose(normalised, torch.tensor(spec, dtype=F64), atol=1e-4)
+    capped = torch.tensor([[2.0, 0.1, 0.1]], dtype=F64)  # a mean below 1 lifts the capped weight over C = 2
+    ones = torch.ones_like(capped)
+    assert behavior.batch_normalize(capped, capped.sum(), ones.sum(), "token").max() == pytest.approx(
+        2 / 0.7333, abs=1e-3
+    )
+    total = behavior.weight_total(sequence, MASK, "sequence")
+    normalised = behavior.batch_normalize(sequence, total, G, "sequence")
+    assert torch.allclose(normalised[:, 0], torch.tensor([1.5346, 0.4654], dtype=F64), atol=1e-4)
+    assert TOKEN_IS_MEAN == pytest.approx(7.3110 / 6, abs=1e-4) and SEQ_IS_MEAN == pytest.approx(
+        1.30325, abs=1e-4
+    )
+    # A padded token counts in neither sum, a response without tokens in neither mean.
+    padded = torch.tensor([[1, 1, 0], [0, 0, 0]], dtype=F64)
+    assert behavior.weight_total(token, padded, "token") == pytest.approx(1.1052 + 2, abs=1e-4)
+    assert behavior.weight_total(sequence, padded, "sequence") == pytest.approx(2.0)
+    # A mean at or below 1e-8 leaves the weights as they are, as verl does.
+    assert torch.equal(behavior.batch_normalize(token, torch.tensor(0.0, dtype=F64), N, "token"), token)
+
+
+@pytest.mark.parametrize(
+    "parts", [{"bypass": True}, {"weight": "geometric"}, {"truncate": False}, {"filter_level": "geometric"}]
+)
+def test_batch_normalisation_outside_verls_decoupled_truncated_weights_is_refused(parts):
+    with pytest.raises(ValueError, match="batch_normalize is verl's"):
+        Correction(**{"weight": "token", "weight_high": 2.0, "batch_normalize": True, **parts})
 
 
 @pytest.mark.parametrize(
@@ -188,6 +230,12 @@ def test_micro_batches_on_group_boundaries_give_the_whole_minibatchs_loss_and_gr
 
     whole, whole_grad = loss(slice(None))
     counts = {"token_count": mask.sum(), "sequence_count": (mask.sum(1) > 0).sum()}
+    if preset.correction.batch_normalize:  # what the trainer adds up over the minibatch's micro-batches
+        halves = [slice(0, 2 * m), slice(2 * m, None)]
+        parts = [
+            corrected.weight_total(preset.correction, old_logp[h], behavior_logp[h], mask[h]) for h in halves
+        ]
+        counts["weight_total"] = sum(parts)
     first, first_grad = loss(slice(0, 2 * m), **counts)
     second, second_grad = loss(slice(2 * m, None), **counts)
     assert first + second == pytest.approx(whole, abs=1e-12)
@@ -206,6 +254,8 @@ MUTATIONS = {
     "the geometric mean for the product": (
         behavior, "log_weight",
         lambda real: lambda x, mask, level: real(x, mask, "geometric" if level == "sequence" else level)),
+    "the token weights' total taken per response": (
+        behavior, "weight_total", lambda real: lambda weight, mask, level: real(weight, mask, "sequence")),
     "the PPO clip one-sided": (
         objectives, "ppo", lambda real: lambda rho, A, low, high, c: real(rho, A, 10.0, high, c)),
     "GSPO's ratio summed, not averaged, over tokens": (
@@ -234,7 +284,7 @@ def test_every_preset_is_a_learner_that_reads_only_pi_olds_schedule():
         UserError, match="--clip-eps is not read by trl-sequence-mask; it is read by grpo, grpo-tis$"
     ):
         resolve_config(None, None, method="trl-sequence-mask", clip_eps=0.3)
-    readers = r"it is read by grpo-tis, 31 framework presets \(docs/corrections.md\)$"
+    readers = r"it is read by grpo-tis, 33 framework presets \(docs/corrections.md\)$"
     with pytest.raises(UserError, match=f"--tis-block is not read by verl-bypass-ppo-clip; {readers}"):
         resolve_config(None, None, method="verl-bypass-ppo-clip", tis_block=3)
     with pytest.raises(UserError, match="did you mean 'trl-sequence-mask'"):

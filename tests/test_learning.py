@@ -34,8 +34,7 @@ HELD_OUT = 64
 """Validation problems per class on which the preference is measured (never in the pool: train split)."""
 
 
-@pytest.fixture(scope="module")
-def learning_pool(tmp_path_factory, vllm_engine):
+def make_learning_pool(folder, engine):
     """POOL_PROMPTS train problems x 8 responses of the embedded model, long enough for its longest style."""
     from ggpo_offline.generate.engines import SamplingSettings
     from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
@@ -43,20 +42,29 @@ def learning_pool(tmp_path_factory, vllm_engine):
     config = GenerateConfig(
         num_prompts=POOL_PROMPTS,
         sampling=SamplingSettings(m=8, seed=11),
-        out=tmp_path_factory.mktemp("learning") / "pool.parquet",
+        out=folder / "pool.parquet",
         reward_workers=0,
     )
-    return generate_pool(config, engine=vllm_engine)
+    return generate_pool(config, engine=engine)
 
 
-@pytest.fixture(scope="module")
-def held_out() -> dict[str, list[str]]:
+def held_out_questions() -> dict[str, list[str]]:
     """HELD_OUT validation questions of each prompt class."""
     questions: dict[str, list[str]] = {name: [] for name in PROMPT_CLASSES}
     for item in arith_items("validation", 400, seed=1):
         if len(questions[prompt_class(item.level)]) < HELD_OUT:
             questions[prompt_class(item.level)].append(item.question)
     return questions
+
+
+@pytest.fixture(scope="module")
+def learning_pool(tmp_path_factory, vllm_engine):
+    return make_learning_pool(tmp_path_factory.mktemp("learning"), vllm_engine)
+
+
+@pytest.fixture(scope="module")
+def held_out() -> dict[str, list[str]]:
+    return held_out_questions()
 
 
 @pytest.fixture(scope="module")

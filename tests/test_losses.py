@@ -15,6 +15,7 @@ from ggpo_offline.train.losses import (
     GroupWeights,
     Max,
     agro_loss,
+    corrected,
     ggpo_loss,
     grpo_loss,
     grpo_tis_loss,
@@ -277,6 +278,9 @@ def test_micro_batches_with_global_token_count_sum_to_the_full_batch(name):
     m, counts = batch["m"], {"token_count": int(batch["mask"].sum())}
     if LEARNERS[name].preset is not None:  # the per-sequence aggregations' G, as the trainer passes it
         counts["sequence_count"] = int((batch["mask"].sum(dim=1) > 0).sum())
+    if preset is not None and preset.correction.batch_normalize:  # and a batch normalisation's weight total
+        inputs = (batch["old_logp"], batch["behavior_logp"], batch["mask"])
+        counts["weight_total"] = corrected.weight_total(preset.correction, *inputs)
     full = call(name, batch)
     full_grad = grad_of(full.loss, batch["logp"])
     parts = [call(name, batch, slice(a * m, b * m), **counts) for a, b in [(0, 1), (1, 3), (3, 4)]]

@@ -338,7 +338,8 @@ def test_non_finite_loss_stops_before_a_checkpoint(vllm_pool, tmp_path, monkeypa
     assert not (config.run_dir / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("method", ["ggpo", "verl-gspo"])  # verl-gspo: a mean over the minibatch's responses
+# verl-gspo: a mean over the minibatch's responses; verl-decoupled-seq-is-norm: its weights' minibatch mean.
+@pytest.mark.parametrize("method", ["ggpo", "verl-gspo", "verl-decoupled-seq-is-norm"])
 def test_micro_batches_give_the_full_batch_update(vllm_pool, tmp_path, method):
     reference = {} if LEARNERS[method].reads("ref_refresh") else {"ref_refresh": None}
     settings = {"method": method, "updates": 3, **reference}

@@ -28,6 +28,9 @@ class Correction:
     truncate: bool = True
     """Outside [weight_low, weight_high] a weight is clamped (True) or set to 0 (False: TRL ``*_mask``,
     OpenRLHF ``icepop``, AReaL's mask action)."""
+    batch_normalize: bool = False
+    """verl's ``rollout_is_batch_normalize``: the truncated token or sequence weight divided by its mean over
+    the minibatch (decoupled mode, where verl computes the weights once per batch)."""
     filter_level: str | None = None
     """A second level whose ratio must lie inside the bounds, the weight itself left unclamped (OpenRLHF
     ``seq-mask-tis``: the geometric mean filters the token weights)."""
@@ -54,6 +57,15 @@ class Correction:
     """prime-rl's coefficient of κ², and Kimi-1.5's τ."""
     aggregation: str = "token-mean"
     scale: float | None = None
+
+    def __post_init__(self):
+        if self.batch_normalize and (
+            self.bypass or self.weight not in ("token", "sequence") or not self.truncate or self.filter_level
+        ):
+            raise ValueError(
+                "batch_normalize is verl's: a truncated token or sequence weight in decoupled mode "
+                "(in bypass mode verl normalises each micro-batch's own weights, which this toolkit does not)"
+            )
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,19 @@ VERL = (
     _verl("bypass_pg_geo_rs_token_tis", '2.0, "0.999_1.001"', **_REINFORCE, **_TOKEN_TIS, **_GEO_RS),
 )
 """verl's 16 ``RolloutCorrectionConfig`` presets, on its PPO actor (dual clip c = 3, token-mean)."""
+
+
+def _batch_normalized(preset: Preset) -> Preset:
+    """``preset`` with verl's ``rollout_is_batch_normalize=True`` (off in every verl preset)."""
+    return Preset(
+        f"{preset.name}-norm", "verl", f"{preset.knobs}, rollout_is_batch_normalize=True", "a",
+        replace(preset.correction, batch_normalize=True),
+        note="Not a verl preset: its knob on this one; the weights' mean over the minibatch is 1.",
+    )  # fmt: skip
+
+
+VERL_NORMALIZED = tuple(_batch_normalized(preset) for preset in VERL[:2])
+"""The decoupled token and sequence TIS presets with verl's batch normalisation."""
 
 _TRL = Correction(weight="sequence", weight_high=3.0, truncate=False)  # sequence_mask, clip_max 3, dapo
 _TRL_KNOBS = "GRPOConfig(vllm_importance_sampling_mode={}, vllm_importance_sampling_clip_max=3.0{})"
@@ -191,7 +216,7 @@ OTHERS = (
            Correction(weight="token", weight_high=5.0)),
 )  # fmt: skip
 
-PRESETS: tuple[Preset, ...] = VERL + TRL + OPENRLHF + OTHERS
+PRESETS: tuple[Preset, ...] = VERL + VERL_NORMALIZED + TRL + OPENRLHF + OTHERS
 
 _OBJECTIVE_WORDS = {
     "ppo": "PPO", "gspo": "GSPO sequence ratio", "reinforce": "−A·w·log π_θ", "cispo": "CISPO",
@@ -220,6 +245,8 @@ def describe(correction: Correction) -> str:
             else ("truncated" if c.truncate else "masked")
         )
         text += f" × {c.weight} w {kept} {_bounds(c.weight_low, c.weight_high)}"
+        if c.batch_normalize:
+            text += ", batch-normalised"
     masks = [option for option, _ in c.rejections]
     masks += ["M2"] * (c.second_moment is not None) + ["off-policy sequence"] * (
         c.off_policy_delta is not None

@@ -36,6 +36,7 @@ from ggpo_offline.train.evaluation import CheckpointEvaluations
 from ggpo_offline.train.inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
+from ggpo_offline.train.losses.corrected import weight_total
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 from ggpo_offline.train.pi0_cache import Pi0Cache
@@ -196,14 +197,11 @@ class Trainer:
         """One optimizer update on (this rank's share of) one minibatch: log-probs → loss → backward per
         micro-batch, then the step; returns the minibatch's metrics, reduced over ranks and computed before
         the step. The anchors this update reads must be fresh (`refresh_anchors`)."""
-        token_count = all_sum(batch.mask.sum(), self.ranks).to(self.device)  # T_tok of the whole minibatch
-        counts = {"token_count": token_count}
-        if self.learner.preset is not None:  # per-sequence aggregations divide by the minibatch's G
-            counts["sequence_count"] = all_sum((batch.mask.sum(dim=1) > 0).sum(), self.ranks).to(self.device)
-        responses = batch.num_responses * self.ranks.world
-        diagnostics = StepDiagnostics(token_count, responses, self.needs_ref, self.ranks)
-        self.optimizer.zero_grad(set_to_none=True)
         micros = batch.split(self.config.micro_batch_size)
+        counts = self._counts(batch, micros)
+        responses = batch.num_responses * self.ranks.world
+        diagnostics = StepDiagnostics(counts["token_count"], responses, self.needs_ref, self.ranks)
+        self.optimizer.zero_grad(set_to_none=True)
         with self.profile.phase("forward_backward", self.update):
             for position, micro in enumerate(micros):
                 constants = self._constants(micro, position)
@@ -229,6 +227,24 @@ class Trainer:
         self.old_window.pop(self.update, None)
         self.update += 1
         return metrics
+
+    def _counts(self, batch: Minibatch, micros: list[Minibatch]) -> dict[str, Tensor]:
+        """What every micro-batch's loss divides by, the whole minibatch's (summed over ranks): T_tok; G for a
+        framework preset's per-sequence aggregations; the weight total of a batch-normalised one."""
+        counts = {"token_count": all_sum(batch.mask.sum(), self.ranks).to(self.device)}
+        preset = self.learner.preset
+        if preset is not None:
+            counts["sequence_count"] = all_sum((batch.mask.sum(dim=1) > 0).sum(), self.ranks).to(self.device)
+        if preset is not None and preset.correction.batch_normalize:
+            parts = []
+            for position, micro in enumerate(micros):
+                constants = self._constants(micro, position)
+                parts.append(
+                    weight_total(preset.correction, constants["old_logp"], constants["behavior_logp"],
+                                 micro.mask.to(self.device))
+                )  # fmt: skip
+            counts["weight_total"] = all_sum(torch.stack(parts).sum(), self.ranks).to(self.device)
+        return counts
 
     def _loss(
         self, micro: Minibatch, logp: Tensor, mask: Tensor, counts: dict[str, Tensor], constants: dict

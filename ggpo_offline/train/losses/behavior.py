@@ -45,6 +45,24 @@ def truncate(weight: Tensor, low: float | None, high: float | None) -> Tensor:
     return weight.clamp(min=low, max=high)
 
 
+def weight_total(weight: Tensor, mask: Tensor, level: str) -> Tensor:
+    """What verl's ``rollout_is_batch_normalize`` averages, summed: Σ_t M_t·w_t over the valid tokens for a
+    token weight; for a sequence weight, Σ_i w_i over the responses with a valid token (one value each)."""
+    if level == "token":
+        return (mask * weight).sum()
+    lengths = _lengths(mask)
+    per_response = (mask * weight).sum(dim=-1) / lengths.clamp(min=1)
+    return per_response[lengths > 0].sum()
+
+
+def batch_normalize(weight: Tensor, total: Tensor, count: Tensor, level: str) -> Tensor:
+    """verl's batch-normalised IS weight (SPEC-corrections §a): w / mean, the mean ``total`` /
+    (N + 1e-8) over tokens or ``total`` / max(G, 1e-8) over responses (`weight_total`; N valid tokens, G
+    answered responses, both the minibatch's); unchanged where the mean is ≤ 1e-8. It can exceed the cap."""
+    mean = total / (count + 1e-8) if level == "token" else total / count.clamp(min=1e-8)
+    return torch.where(mean > 1e-8, weight / mean, weight)
+
+
 def inside(value: Tensor, low: float | None, high: float | None) -> Tensor:
     """1 where low ≤ value ≤ high, else 0 (a None bound is open): the keep-mask of a ``*_mask`` weight
     (TRL), ``icepop`` and ``seq-mask-tis`` (OpenRLHF, read on the geometric mean), AReaL's mask action."""

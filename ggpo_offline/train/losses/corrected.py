@@ -45,6 +45,16 @@ def _behaviour(correction: Correction, x: Tensor, kappa: Tensor, mask: Tensor, A
     return weight, keep, truncated
 
 
+def weight_total(correction: Correction, old_logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> Tensor:
+    """This call's part of the total a batch-normalised correction averages (`behavior.weight_total`, its
+    truncated weight from λ = log π_old − log μ): the trainer adds the parts of a minibatch's micro-batches
+    and ranks, so that each divides by the minibatch's mean, as verl divides by its batch's."""
+    c = correction
+    mask = mask.to(old_logp.dtype)
+    raw = behavior.log_weight(old_logp - behavior_logp, mask, c.weight).exp()
+    return behavior.weight_total(behavior.truncate(raw, c.weight_low, c.weight_high), mask, c.weight)
+
+
 def _objective(
     correction: Correction,
     logp: Tensor,
@@ -92,12 +102,17 @@ def correction_loss(
     *,
     token_count: float | Tensor | None = None,
     sequence_count: float | Tensor | None = None,
+    weight_total: Tensor | None = None,
 ) -> LossOutput:
     """SPEC-corrections.md's loss of ``correction`` for given advantages A [B]:
 
         λ = log π_old − log μ,  ρ = log π_θ − log π_old,  κ = λ + ρ        (bypass: π_old := μ, λ = 0)
         w, keep = behaviour(λ or sg κ)                                     (constants)
+        w ← w / mean(w)                                                   (batch_normalize only)
         L = aggregate(keep · w · ℓ(ρ, A), mode)                            (REINFORCE carries w inside ℓ)
+
+    The normalisers N (valid tokens), G (answered responses) and the batch normalisation's ``weight_total``
+    are the minibatch's when given (micro-batches), else this call's.
 
     stats: correction/weight_mean (token mean of keep·w), correction/masked_frac and
     correction/truncated_frac (token fractions a keep-mask zeroes and a truncation changes), all over the
@@ -110,15 +125,19 @@ def correction_loss(
     kappa = logp.detach() - behavior_logp
     x = kappa if correction.bypass else old - behavior_logp
     weight, keep, truncated = _behaviour(correction, x, kappa, mask, advantages)
+    N = _token_count(mask, token_count, logp)
+    answered = mask.sum(dim=-1) > 0  # responses with at least one token, as the aggregation's G counts
+    G = _token_count(mask, answered.sum() if sequence_count is None else sequence_count, logp)
+    if correction.batch_normalize:
+        level = correction.weight
+        total = behavior.weight_total(weight, mask, level) if weight_total is None else weight_total
+        weight = behavior.batch_normalize(weight, total, N if level == "token" else G, level)
     per_token = _objective(correction, logp, logp - old, advantages, rewards, mask, behavior_logp, weight)
     scaled = keep * per_token if correction.objective == "reinforce" else keep * weight * per_token
     loss = aggregate(
         scaled, mask, correction.aggregation,
         token_count=token_count, sequence_count=sequence_count, scale=correction.scale,
     )  # fmt: skip
-    N = _token_count(mask, token_count, logp)
-    answered = mask.sum(dim=-1) > 0  # responses with at least one token, as the aggregation's G counts
-    G = _token_count(mask, answered.sum() if sequence_count is None else sequence_count, logp)
     dropped = answered & ((keep * mask).sum(dim=-1) == 0)
     stats = {
         "advantage": advantages,
@@ -141,6 +160,7 @@ def corrected_loss(
     old_logp: Tensor | None = None,
     token_count: float | Tensor | None = None,
     sequence_count: float | Tensor | None = None,
+    weight_total: Tensor | None = None,
 ) -> LossOutput:
     """A framework preset as a learner: `correction_loss` with GRPO's group advantage
     A_i = (r_i − mean r)/(std r + 1e-6) (SPEC.md GRPO; verl's and TRL's default estimator)."""
@@ -148,5 +168,5 @@ def corrected_loss(
     A = _grpo_advantage(rewards, group_size)
     return correction_loss(
         logp, old_logp, behavior_logp, mask, A, rewards, correction,
-        token_count=token_count, sequence_count=sequence_count,
+        token_count=token_count, sequence_count=sequence_count, weight_total=weight_total,
     )  # fmt: skip
