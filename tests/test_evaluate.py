@@ -5,6 +5,7 @@ import itertools
 import json
 import math
 import pickle
+import shutil
 from dataclasses import replace
 from fractions import Fraction
 
@@ -13,6 +14,7 @@ from conftest import write_synthetic_pool
 from test_cli import assert_one_error_line, ggpo, ggpo_here
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.model_io import weights_sha256
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.evaluate.evaluator import evaluate, resolve_sampling
 from ggpo_offline.evaluate.report import EvalReport
@@ -313,3 +315,22 @@ def test_eval_command_bad_flags_are_one_line(tmp_path):
     assert_one_error_line(
         ggpo_here("eval", "--dataset", str(tmp_path / "none.jsonl")), "dataset file not found"
     )
+
+
+def test_a_checkpoints_weights_fingerprint_ignores_its_resume_state(tmp_path, tiny_dir):
+    """Found when two runs of equal weights in two report folders recorded two fingerprints: the resume
+    state beside the weights (optimizer, settings, paths) was hashed with them."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, state in ((first, b"run one"), (second, b"run two")):
+        shutil.copytree(tiny_dir, folder)
+        (folder / "trainer_state.pt").write_bytes(state)
+        (folder / "rank-000.pt").write_bytes(state)
+    assert weights_sha256(first) == weights_sha256(second) == weights_sha256(tiny_dir)
+    (second / "model.safetensors").write_bytes(b"other weights")
+    assert weights_sha256(second) != weights_sha256(first)
+    torch_only = tmp_path / "torch-only"  # a folder of .pt weights alone is still fingerprinted by them
+    torch_only.mkdir()
+    (torch_only / "weights.pt").write_bytes(b"w")
+    before = weights_sha256(torch_only)
+    (torch_only / "weights.pt").write_bytes(b"v")
+    assert weights_sha256(torch_only) != before

@@ -46,9 +46,13 @@ def resolve_model_dir(model: str | Path | None) -> Path:
 
 
 def weights_sha256(model_dir: Path) -> str:
-    """sha256 over the model's weight files (names and bytes, in name order)."""
+    """sha256 over the model's weight files (names and bytes, in name order): its ``.safetensors`` and
+    ``.bin`` files, or its ``.pt`` files where it has neither. A training checkpoint's resume state
+    (``trainer_state.pt``, ``rank-*.pt``: optimizer, settings, paths) is not the weights, so checkpoints of
+    equal weights get one fingerprint wherever they were written."""
     digest = hashlib.sha256()
-    files = sorted(p for p in Path(model_dir).iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file())
+    found = [p for p in Path(model_dir).iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()]
+    files = sorted(p for p in found if p.suffix != ".pt") or sorted(found)
     if not files:
         raise UserError(f"{model_dir}: no weight files ({', '.join(WEIGHT_SUFFIXES)})")
     for path in files:
