@@ -4,7 +4,10 @@ flat problems, careful on nested ones), on held-out validation problems; four re
 learners' losses here, each fail the same check."""
 
 import functools
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -267,3 +270,12 @@ def test_mixing_groups_up_is_caught_for_every_group_relative_learner(monkeypatch
     name = LEARNERS[method].loss_name
     monkeypatch.setattr(losses, name, mutation(getattr(losses, name)))
     assert not group_is_scored_alone(method)
+
+
+def test_the_preset_learning_script_still_imports_what_it_runs():
+    """tests/preset_learning.py (run by hand: docs/corrections/learning.md) reads this module's check."""
+
+    script = Path(__file__).with_name("preset_learning.py")
+    done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "--methods" in done.stdout
