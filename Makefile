@@ -47,15 +47,16 @@ second=$$?; wait $$first && [ $$second -eq 0 ]
 endef
 
 # The main job on the embedded default: a pool (if absent), then four methods x five seeds on it, evaluated on
-# 128 problems x 2 samples (validation and test): projected by `ggpo compare --budget`'s model from the
-# 2-seed demo's validation variance, where runs differing dominated (docs/results.md "make demo"); 2 samples:
-# the fewest that still show the sampling spread. Two compares side by side, each training two of the
-# methods for every seed; a last compare reuses every run and writes the report.
+# 64 problems x 2 samples (validation and test): what `ggpo compare --budget`'s model buys with the demo's
+# 25 core-minutes from the five-seed demo's validation variance, where runs differing dominated (81 %;
+# docs/statistics.md "spending a budget"); 2 samples: the fewest that still show the sampling spread. Two
+# compares side by side, each training two of the methods for every seed; a last compare reuses every run
+# and writes the report.
 DEMO_SEEDS ?= 42,1234,2027,1,2
 DEMO_FIRST ?= grpo,grpo-tis
 DEMO_SECOND ?= agro,ggpo
-DEMO := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(DEMO_SEEDS) --eval-n 2 --threads 1 \
-	--ceilings $(CEILINGS)
+DEMO := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(DEMO_SEEDS) --eval-n 2 \
+	--eval-num-problems 64 --test-num-problems 64 --threads 1 --ceilings $(CEILINGS)
 DEMO_OUT := reports/$(basename $(notdir $(POOL)))
 demo: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \

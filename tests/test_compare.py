@@ -10,6 +10,7 @@ import pytest
 from conftest import count_pool_passes, read_metric_series
 
 from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
+from ggpo_offline.compare.figures import CHECKPOINT_FIGURES
 from ggpo_offline.compare.report import FIGURES, Counts, RunRecord, check_data_plans, write_tables
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.run import RunResult
@@ -105,8 +106,18 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     assert result.actions == {"grpo-s1": "train", "ggpo-s1": "train", "grpo-s2": "train", "ggpo-s2": "train"}
     for name in ("table.md", "table.csv", "counts.json", "README.md", "compare.json"):
         assert (report / name).stat().st_size > 0
-    for name in FIGURES:
+    for name in FIGURES + CHECKPOINT_FIGURES:
         assert (report / name).read_bytes()[:8] == PNG_SIGNATURE
+    # Every evaluated checkpoint's drift from π0 and what it generated, in the counts, the tables and the
+    # diagnostics (0 at update 0, where the policy is π0).
+    with (report / "diagnostics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    evaluated = [r for r in rows if r["probe/k3"] != ""]
+    assert sorted({int(r["update"]) for r in evaluated}) == [0, 2, 4] and len(evaluated) == 12
+    assert all(float(r["probe/k3"]) == 0.0 for r in evaluated if r["update"] == "0")
+    assert all(0 <= float(r["eval/generated/novel_first_token"]) <= 1 for r in evaluated)
+    assert Counts.read(report / "counts.json").probe[("ggpo", 1)][0] == (0, 0.0, 0.0)
+    assert "### Accuracy at matched drift" in (report / "table.md").read_text()
 
     # One data plan per seed, shared by both methods and recorded in the README.
     by_seed = {}

@@ -151,8 +151,9 @@ def _error_lines(job: subprocess.Popen) -> list[str]:
 
 
 def _training_records(run: Path) -> list[dict]:
-    """metrics.jsonl without the evaluation's scores (and the record of the final evaluation alone)."""
-    records = [{k: v for k, v in r.items() if not k.startswith("eval/")} for r in _metrics(run)]
+    """metrics.jsonl without what evaluated checkpoints log (scores, generated text, drift from π0), and
+    without the record of the final evaluation alone."""
+    records = [{k: v for k, v in r.items() if not k.startswith(("eval/", "probe/"))} for r in _metrics(run)]
     return [record for record in records if record.keys() != {"update"}]
 
 

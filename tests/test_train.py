@@ -432,11 +432,11 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     timed = [(t.phase, t.update) for t in folder.read_profile() if t.phase != "process"]
     assert timed == [
         ("inputs", None), ("pi0", None), ("model", None),
-        ("evaluate", 0), ("forward_backward", 0), ("optimizer", 0),
+        ("probe", 0), ("evaluate", 0), ("forward_backward", 0), ("optimizer", 0),
         ("forward_backward", 1), ("optimizer", 1), ("checkpoint", 2),
-        ("evaluate", 2), ("anchors", 2), ("forward_backward", 2), ("optimizer", 2),
+        ("probe", 2), ("evaluate", 2), ("anchors", 2), ("forward_backward", 2), ("optimizer", 2),
         ("forward_backward", 3), ("optimizer", 3), ("checkpoint", 4),
-        ("evaluate", 4), ("final", None), ("test", None),
+        ("probe", 4), ("evaluate", 4), ("final", None), ("test", None),
     ]  # fmt: skip
     assert all(t.seconds >= 0 for t in folder.read_profile())
 

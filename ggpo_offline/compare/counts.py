@@ -1,13 +1,14 @@
 """The raw per-problem correct counts of a comparison (counts.json): read from run records or the file."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.train.checkpoint_metrics import PROBE_METRICS
 
 COUNTS_FILE = "counts.json"
 FORMAT = "ggpo-offline counts 1"
@@ -48,6 +49,9 @@ class Counts:
     """(method, seed) -> the checkpoint selected on validation (its test evaluation is reported)."""
     drift: dict[tuple[str, int], tuple[tuple[int, float], ...]]
     """(method, seed) -> (update, token-mean |log π_θ/μ|) of every update that logged it."""
+    probe: dict[tuple[str, int], tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
+    """(method, seed) -> (update, probe K3, probe log-ratio) of every evaluated checkpoint: its drift from
+    π0 (`checkpoint_metrics.PROBE_METRICS`); empty for runs that measured none."""
 
     @classmethod
     def from_records(cls, records: list[RunRecord], methods: list[str], seeds: list[int]) -> "Counts":
@@ -76,7 +80,9 @@ class Counts:
             if r.result.selected_update is not None
         }
         drift = {(r.method, r.seed): _drift_series(r.metrics) for r in records}
-        counts = cls(tuple(methods), tuple(seeds), n, ks, prompts, correct, selected, drift)
+        probe = {(r.method, r.seed): _probe_series(r.metrics) for r in records}
+        probe = probe if all(probe.values()) else {}  # a frontier needs every run's
+        counts = cls(tuple(methods), tuple(seeds), n, ks, prompts, correct, selected, drift, probe)
         counts.check()
         return counts
 
@@ -106,6 +112,11 @@ class Counts:
                 for m, by_seed in data["drift"].items()
                 for s, series in by_seed.items()
             },
+            probe={
+                (m, int(s)): tuple(tuple(point) for point in series)
+                for m, by_seed in data.get("probe", {}).items()
+                for s, series in by_seed.items()
+            },
         )
         counts.check()
         return counts
@@ -123,6 +134,8 @@ class Counts:
             "selected_update": _by_method_seed(self.selected),
             "drift": _by_method_seed({key: [list(p) for p in s] for key, s in self.drift.items()}),
         }
+        if self.probe:  # counts of runs without a probe keep their bytes
+            header["probe"] = _by_method_seed({key: [list(p) for p in s] for key, s in self.probe.items()})
         lines = [f" {json.dumps(key)}: {json.dumps(value)}," for key, value in header.items()]
         evaluations = [
             json.dumps({"method": m, "seed": s, "split": split, "update": u, "counts": by_benchmark})
@@ -195,6 +208,11 @@ class Counts:
             rows.append([c for name in names for c in by_benchmark[name]])
         return np.array(rows, dtype=np.int64)
 
+    def probe_k3(self, method: str, seed: int) -> list[tuple[int, float]]:
+        """(update, probe K3) of the run's validation checkpoints, in update order."""
+        evaluated = self._updates((method, seed), "validation")
+        return [(update, k3) for update, k3, _ in self.probe[method, seed] if update in evaluated]
+
     def checkpoints(self, method: str, checkpoint: int | str) -> tuple[int, ...]:
         """The update of each seed's run that ``checkpoint`` (an update, or SELECTED) names."""
         if method == BASE:
@@ -214,6 +232,14 @@ def _drift_series(metrics: list[dict]) -> tuple[tuple[int, float], ...]:
         (record["update"], float(f"{record[DRIFT]:.{DRIFT_DIGITS}g}"))
         for record in metrics
         if record.get(DRIFT) is not None
+    )
+
+
+def _probe_series(metrics: list[dict]) -> tuple[tuple[int, float, float], ...]:
+    return tuple(
+        (record["update"], *(float(f"{record[name]:.{DRIFT_DIGITS}g}") for name in PROBE_METRICS))
+        for record in metrics
+        if all(record.get(name) is not None for name in PROBE_METRICS)
     )
 
 

@@ -1,16 +1,23 @@
-"""The report's figures: validation accuracy over updates and one seed's training diagnostics (Figure 4)."""
+"""The report's figures: validation accuracy over updates and against drift, and one seed's training and
+generation diagnostics (Figure 4 and beyond)."""
 
 import math
 from collections.abc import Callable
 from pathlib import Path
 
+from ggpo_offline.compare.frontier import plot_frontier
 from ggpo_offline.compare.paired import At, Scores
 from ggpo_offline.compare.pairwise import headline
 from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.compare.tables import display
+from ggpo_offline.train.checkpoint_metrics import GENERATED_PREFIX
 from ggpo_offline.train.learners import learner
 
 FIGURES = ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png", "entropy.png")
+"""The figures of every report; runs that measured their drift from π0 and what they generated add
+`CHECKPOINT_FIGURES`."""
+CHECKPOINT_FIGURES = ("frontier.png", "novel_first_token.png", "generated_length.png")
+PANELS_PER_ROW = 4
 
 
 def _series(record: RunRecord, key: str) -> tuple[list[int], list[float]]:
@@ -57,9 +64,27 @@ def _plot_diagnostic(ax, records: list[RunRecord], key: str, title: str, log: bo
 
 
 def _panels(records: list[RunRecord], scores: Scores, methods: list[str]) -> list[tuple[str, Callable]]:
-    """(file name, draw function on an Axes) for each panel: the paper's Figure 4, then the entropy."""
+    """(file name, draw function on an Axes) for each panel: the paper's Figure 4, then the entropy and,
+    for runs that logged them, the accuracy-against-drift frontier and what the policy generated."""
     first = [r for r in records if r.seed == scores.counts.seeds[0]]
     first.sort(key=lambda r: methods.index(r.method))
+    logged = {name for record in first for row in record.metrics for name in row}
+    novel, length = (f"{GENERATED_PREFIX}{name}" for name in ("novel_first_token", "mean_length"))
+    checkpoint_panels = [
+        ("frontier.png", lambda ax: plot_frontier(ax, scores, methods), bool(scores.counts.probe)),
+        (
+            "novel_first_token.png",
+            lambda ax: _plot_diagnostic(
+                ax, first, novel, "generated first tokens the pool never opens with", log=False
+            ),
+            novel in logged,
+        ),  # fmt: skip
+        (
+            "generated_length.png",
+            lambda ax: _plot_diagnostic(ax, first, length, "generated tokens per response", log=False),
+            length in logged,
+        ),
+    ]
     return [
         ("accuracy.png", lambda ax: _plot_accuracy(ax, scores, methods)),
         (
@@ -78,11 +103,12 @@ def _panels(records: list[RunRecord], scores: Scores, methods: list[str]) -> lis
             "entropy.png",
             lambda ax: _plot_diagnostic(ax, first, "policy/entropy", "token entropy (nats)", log=False),
         ),
+        *((name, draw) for name, draw, shown in checkpoint_panels if shown),
     ]
 
 
 def write_figures(records: list[RunRecord], scores: Scores, methods: list[str], out: Path) -> list[Path]:
-    """figure.png (the paper's Figure 4 panels and the entropy, side by side) and one PNG per panel."""
+    """figure.png (every panel, `PANELS_PER_ROW` to a row) and one PNG per panel."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers and CI
@@ -90,11 +116,16 @@ def write_figures(records: list[RunRecord], scores: Scores, methods: list[str], 
 
     panels = _panels(records, scores, methods)
     written = []
-    figure, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), constrained_layout=True)
-    for ax, (_, draw) in zip(axes, panels, strict=True):
+    columns = min(len(panels), PANELS_PER_ROW)
+    grid = (math.ceil(len(panels) / columns), columns)
+    size = (4.6 * columns, 3.8 * grid[0])
+    figure, axes = plt.subplots(*grid, figsize=size, constrained_layout=True, squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_axis_off()
+    for ax, (_, draw) in zip(axes.flat, panels, strict=False):
         draw(ax)
         ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
+    handles, labels = axes.flat[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncol=len(labels), frameon=False)
     figure.savefig(out / "figure.png", dpi=120)
     plt.close(figure)

@@ -2,7 +2,9 @@
 
 import math
 import statistics
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import numpy as np
 
@@ -14,13 +16,33 @@ MEAN = "mean@n"
 
 
 @dataclass(frozen=True)
+class Matched:
+    """A checkpoint of equal drift: where each run's probe K3 (its drift from π0) first reaches ``level``,
+    its scores interpolated between the evaluated checkpoints around that point (`crossing`)."""
+
+    level: float
+
+
+@dataclass(frozen=True)
 class At:
     """Where a score is read: a split, one of its benchmarks (or the suite), and a checkpoint — an update,
-    or SELECTED (each run's checkpoint chosen on validation)."""
+    SELECTED (each run's checkpoint chosen on validation) or a Matched drift."""
 
     split: str
     scope: str
-    checkpoint: int | str
+    checkpoint: "int | str | Matched"
+
+
+def crossing(points: Sequence[tuple[int, float]], level: float) -> tuple[int, int, float] | None:
+    """Where a run's drift first reaches ``level``: ``points`` are (update, drift) in update order; returns
+    (update before, update after, α) with level = (1 − α)·drift before + α·drift after (α = 0 and one
+    update when the first point already reaches it), None when the run never reaches it."""
+    if points and points[0][1] >= level:
+        return points[0][0], points[0][0], 0.0
+    for (before, low), (after, high) in pairwise(points):
+        if high >= level:  # low < level here, so high > low
+            return before, after, (level - low) / (high - low)
+    return None
 
 
 @dataclass(frozen=True)
@@ -58,6 +80,8 @@ class Scores:
     def points(self, method: str, at: At, metric: str = MEAN) -> np.ndarray:
         """Per-problem score in points, ``[seeds, problems]``: mean@n is 100·c/n, pass@k its unbiased
         per-problem estimate (SPEC "Evaluation")."""
+        if isinstance(at.checkpoint, Matched):
+            return self._interpolated(method, at, lambda where: self.points(method, where, metric), 1)
         correct = self.counts.matrix(method, at.split, at.scope, at.checkpoint)
         n = self.counts.n[at.split]
         if metric == MEAN:
@@ -83,7 +107,23 @@ class Scores:
             self._intervals[key] = stats.paired_interval(total, sampling)
         return self._intervals[key]
 
+    def _interpolated(self, method: str, at: At, read: Callable[[At], np.ndarray], power: int) -> np.ndarray:
+        """Each seed's row of ``read`` at ``at``'s Matched level: (1 − α)^power · row before + α^power · row
+        after (power 1 for scores, 2 for their sampling variances, the two evaluations' samples being
+        independent)."""
+        rows = []
+        for row, seed in enumerate(self.counts.seeds):
+            found = crossing(self.counts.probe_k3(method, seed), at.checkpoint.level)
+            if found is None:
+                raise ValueError(f"{method}-s{seed} never reaches probe K3 {at.checkpoint.level}")
+            before, after, alpha = found
+            low, high = (read(replace(at, checkpoint=update))[row] for update in (before, after))
+            rows.append((1 - alpha) ** power * low + alpha**power * high)
+        return np.array(rows)
+
     def _sampling(self, method: str, at: At) -> np.ndarray:
+        if isinstance(at.checkpoint, Matched):
+            return self._interpolated(method, at, lambda where: self._sampling(method, where), 2)
         correct = self.counts.matrix(method, at.split, at.scope, at.checkpoint)
         return stats.sampling_variance(correct, self.counts.n[at.split])
 

@@ -9,11 +9,13 @@ from ggpo_offline.compare.ceilings import CEILINGS_FILE, ceilings_section
 from ggpo_offline.compare.claims import Claims
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.figures import FIGURES, write_figures
+from ggpo_offline.compare.frontier import frontier_section
 from ggpo_offline.compare.paired import Scores
 from ggpo_offline.compare.pairwise import headline, pairwise_section
 from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run
 from ggpo_offline.compare.tables import CSV_FIELDS, accuracy_section, end_section, ends, table5_section
 from ggpo_offline.compare.variance import variance_section
+from ggpo_offline.train.checkpoint_metrics import CHECKPOINT_METRICS
 
 STATISTICS = (
     "Every difference between two methods is paired: all methods are evaluated on the same problems with the"
@@ -100,6 +102,7 @@ def compute_report(counts: Counts, styles: dict | None = None) -> Report:
     ``ggpo measure-styles --json`` report of the pool's model), the methods against its ceilings."""
     scores, methods = Scores(counts), list(counts.methods)
     sections = [accuracy_section(scores, methods, scope) for scope in counts.scopes("validation")]
+    sections.append(frontier_section(scores, methods))
     for end, title in ends(scores):
         sections += [
             end_section(scores, methods, replace(end, scope=s), title) for s in counts.scopes(end.split)
@@ -132,10 +135,13 @@ def write_report(
 
 def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str, ...] = ()) -> None:
     """Every run's training diagnostics per update, one row each (empty where a run logged none): the raw
-    data of the figures' diagnostic panels and of the ESS and drift the reports quote. ``settings`` names
-    run settings that tell the runs apart beyond method and seed (a sweep's ``lr``)."""
+    data of the figures' diagnostic panels and of the ESS and drift the reports quote; at evaluated
+    checkpoints, the drift from π0 on the probe and what the policy generated (`CHECKPOINT_METRICS`), where
+    the runs logged them. ``settings`` names run settings that tell the runs apart beyond method and seed
+    (a sweep's ``lr``)."""
     logged = {name for record in records for row in record.metrics for name in row}
-    columns = DIAGNOSTICS + tuple(name for name in CORRECTION_DIAGNOSTICS if name in logged)
+    optional = CORRECTION_DIAGNOSTICS + CHECKPOINT_METRICS
+    columns = DIAGNOSTICS + tuple(name for name in optional if name in logged)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(("method", "seed", *settings, "update", *columns))

@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.counts import BASE, SELECTED, SUITE
-from ggpo_offline.compare.paired import MEAN, At, Cell, Scores
+from ggpo_offline.compare.paired import MEAN, At, Cell, Matched, Scores
 from ggpo_offline.core import markdown
 from ggpo_offline.train.learners import learner
 
@@ -73,6 +73,8 @@ def csv_row(table: str, at: At, method: str, metric: str, **fields) -> dict:
     row = dict.fromkeys(CSV_FIELDS, "")
     row |= {"table": table, "split": at.split, "benchmark": at.scope, "method": method, "metric": metric}
     row["checkpoint"] = at.checkpoint if isinstance(at.checkpoint, str) else "update"
+    if isinstance(at.checkpoint, Matched):
+        row["checkpoint"] = f"probe_k3={at.checkpoint.level:.6g}"
     if cell is not None:
         std = "" if cell.std != cell.std else round(cell.std, 6)  # NaN with one seed
         row |= {"mean": round(cell.mean, 6), "std": std, "seeds": len(cell.values)}
@@ -134,7 +136,7 @@ def accuracy_section(scores: Scores, methods: list[str], scope: str) -> tuple[li
         at = At("validation", scope, update)
         ranked, cells = rank(scores, methods, at), {m: scores.cell(m, at) for m in methods}
         table_rows.append([update, *(ranked.mark(m, cells[m].text()) for m in methods)])
-        rows += [_ranked_row("accuracy", at, m, f"mean@{n}", cells[m], ranked, update) for m in methods]
+        rows += [ranked_row("accuracy", at, m, f"mean@{n}", cells[m], ranked, update) for m in methods]
     final = At("validation", scope, counts.final("validation"))
     lines = [
         f"### Validation accuracy: mean@{n} (%) on {_what(scope, 'validation')}, mean ± sample std over"
@@ -150,7 +152,7 @@ def accuracy_section(scores: Scores, methods: list[str], scope: str) -> tuple[li
     return lines, rows
 
 
-def _ranked_row(table: str, at: At, method: str, metric: str, cell: Cell, ranked: Ranked, update) -> dict:
+def ranked_row(table: str, at: At, method: str, metric: str, cell: Cell, ranked: Ranked, update) -> dict:
     other = {} if method == ranked.best else {"versus": ranked.best, "judged": ranked.below[method]}
     return csv_row(table, at, method, metric, cell=cell, update=update, **other)
 
@@ -197,7 +199,7 @@ def end_section(scores: Scores, methods: list[str], end: At, title: str) -> tupl
             if method == BASE:
                 rows.append(csv_row("end", at, method, header, cell=cells[key], update=update))
             else:
-                rows.append(_ranked_row("end", at, method, header, cells[key], ranked[key], update))
+                rows.append(ranked_row("end", at, method, header, cells[key], ranked[key], update))
     lines = [
         f"### {title} on {_what(end.scope, end.split)} (%)",
         "",

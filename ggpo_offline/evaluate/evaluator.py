@@ -17,6 +17,7 @@ from ggpo_offline.core.model_io import (
     weights_sha256,
 )
 from ggpo_offline.evaluate.config import DEFAULT_ARITH_PROBLEMS, EvalConfig
+from ggpo_offline.evaluate.generated import GeneratedText, PoolSupport
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.evaluate.scores import aggregate, reported_ks
 from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
@@ -130,6 +131,7 @@ class Evaluator:
         self._tokenizer = None
         self._benchmarks: list[_Benchmark] = []
         self._scorer: RewardScorer | None = None  # kept across models: its workers take seconds to start
+        self._support: PoolSupport | None = None  # the pool's, read on first use
         self._done: dict[str, tuple] = {}
         self._lent_results: dict[EvalConfig, dict[str, tuple]] = {}
 
@@ -165,17 +167,14 @@ class Evaluator:
             self._load(model_dir)
             if self._scorer is None:
                 self._scorer = RewardScorer(self.config.reward_workers, self.config.reward_timeout_s)
+            generated = GeneratedText(self._pool_support())
             counts, reward, progress = _count_correct(
-                self._engine,
-                self._tokenizer,
-                self._scorer,
-                self._benchmarks,
-                self.sampling,
-                self.config,
-                on_progress,
-            )
-            self._done[weights] = (counts, reward, progress.elapsed_s, self._engine.describe())
-        counts, reward, seconds, described = self._done[weights]
+                self._engine, self._tokenizer, self._scorer, self._benchmarks, self.sampling, self.config,
+                on_progress, generated,
+            )  # fmt: skip
+            described = self._engine.describe()
+            self._done[weights] = (counts, reward, progress.elapsed_s, described, generated.to_dict())
+        counts, reward, seconds, described, generated = self._done[weights]
         return _report(
             self.config,
             counts,
@@ -187,7 +186,14 @@ class Evaluator:
             described,
             reward,
             seconds,
+            generated,
         )
+
+    def _pool_support(self) -> PoolSupport | None:
+        """The support of ``config.pool``'s responses, which the novelty diagnostics compare with."""
+        if self.config.pool is not None and self._support is None:
+            self._support = PoolSupport.of_pool(Path(self.config.pool))
+        return self._support
 
     def close(self) -> None:
         """Stop the reward workers and the engine, or give a borrowed engine its first weights back."""
@@ -253,10 +259,10 @@ def evaluate(
     return report
 
 
-def _count_correct(engine, tokenizer, scorer, benchmarks, sampling, config, on_progress):
+def _count_correct(engine, tokenizer, scorer, benchmarks, sampling, config, on_progress, generated):
     """Correct responses per problem ``{benchmark: {prompt_id: c}}``, the reward description with each
     benchmark's answer rule and the timeout/error counts, and the final progress; all benchmarks share one
-    stream of engine calls."""
+    stream of engine calls. Every sample is also added to ``generated``."""
     problems = [p for b in benchmarks for p in b.problems]
     prompt_ids = [ids for b in benchmarks for ids in b.prompt_ids]
     rules = [b.answer_rule for b in benchmarks for _ in b.problems]
@@ -267,6 +273,8 @@ def _count_correct(engine, tokenizer, scorer, benchmarks, sampling, config, on_p
     for batch in sample_and_score(
         engine, tokenizer, scorer, problems, prompt_ids, sampling, config.batch_prompts, rules
     ):
+        for samples in batch.samples:
+            generated.add(samples)
         for offset, problem in enumerate(batch.problems):
             group = batch.results[offset * sampling.m : (offset + 1) * sampling.m]
             correct = sum(result.reward == 1.0 for result in group)
@@ -332,7 +340,7 @@ def _benchmark(name, problems, dataset_meta, rule, tokenizer, template, prompt_l
 
 
 def _report(
-    config, counts, benchmarks, sampling, model_dir, weights, template, described, reward, seconds
+    config, counts, benchmarks, sampling, model_dir, weights, template, described, reward, seconds, generated
 ) -> EvalReport:
     scores, suite = aggregate(counts, config.n, config.ks)
     return EvalReport(
@@ -365,6 +373,7 @@ def _report(
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "seconds": round(seconds, 2),
         },
+        generated=generated,
     )
 
 

@@ -24,6 +24,9 @@ class EvalReport:
     engine, dtype, reward, dataset seed and tool version."""
     run: dict
     """When it ran, as written: created (ISO time) and seconds."""
+    generated: dict | None = None
+    """What the model generated (`generated.GeneratedText`): length, stop rate, NLL, novelty against the
+    pool; None in reports written before it was recorded."""
 
     def to_dict(self) -> dict:
         return {
@@ -33,6 +36,7 @@ class EvalReport:
             "suite": self.suite.to_dict(),
             "settings": self.settings,
             "run": self.run,
+            **({} if self.generated is None else {"generated": self.generated}),
         }
 
     @classmethod
@@ -44,4 +48,5 @@ class EvalReport:
             suite=Scores.from_dict(data["suite"]),
             settings=data["settings"],
             run=data["run"],
+            generated=data.get("generated"),
         )

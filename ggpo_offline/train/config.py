@@ -102,6 +102,11 @@ class TrainConfig:
     )
     log_every: int = setting(1, "Log metrics every N updates (block ESS at every block end regardless).")
     ess_block: int = setting(8, "Updates per block of the block-level sequence ESS (paper: 8 minibatches).")
+    probe_groups: int = setting(
+        8,
+        "Pool groups of the fixed probe on which each evaluated checkpoint's drift from π0 (probe/k3, "
+        "probe/log_ratio) is measured: the pool's first mixed groups (0 = no probe).",
+    )
     save_every: int | None = setting(None, "Checkpoint every N updates (and always at the end).")
     out: Path | None = setting(None, "Run folder [default: runs/<pool name>/<method>-s<seed>].")
     threads: int | None = setting(None, "CPU threads for torch [default: torch's].")
@@ -290,6 +295,7 @@ def validate_config(config: TrainConfig) -> None:
         *_learner_checks(config),
         (config.log_every >= 1, f"--log-every must be >= 1, got {config.log_every}"),
         (config.ess_block >= 1, f"--ess-block must be >= 1, got {config.ess_block}"),
+        (config.probe_groups >= 0, f"--probe-groups must be >= 0, got {config.probe_groups}"),
         (config.save_every is None or config.save_every >= 1, "--save-every must be >= 1"),
         (config.micro_batch_size is None or config.micro_batch_size >= 1, "--micro-batch-size must be >= 1"),
         (config.forward_tokens >= 1, f"--forward-tokens must be >= 1, got {config.forward_tokens}"),

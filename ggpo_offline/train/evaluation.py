@@ -9,6 +9,7 @@ from ggpo_offline.evaluate.evaluator import Evaluator, write_json
 from ggpo_offline.evaluate.remote import RemoteEvaluator
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.activity import doing
+from ggpo_offline.train.checkpoint_metrics import GENERATED_PREFIX
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, wait_for_main
 from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
@@ -50,7 +51,8 @@ def selected_update(evals: dict[int, EvalReport]) -> int:
 
 
 def eval_metrics(report: EvalReport) -> dict[str, float]:
-    """``eval/<benchmark>/mean_at_<n>`` and ``eval/<benchmark>/pass_at_<k>``, plus ``eval/suite/...``.
+    """``eval/<benchmark>/mean_at_<n>`` and ``eval/<benchmark>/pass_at_<k>``, plus ``eval/suite/...``, and
+    the generated text's diagnostics as ``eval/generated/<name>`` (`checkpoint_metrics`).
 
     MLflow metric names cannot contain ``@``, hence ``mean_at_32`` for mean@32.
     """
@@ -59,6 +61,9 @@ def eval_metrics(report: EvalReport) -> dict[str, float]:
         metrics[f"eval/{scope}/mean_at_{report.n}"] = scores.mean_at_n
         for k in report.ks:
             metrics[f"eval/{scope}/pass_at_{k}"] = scores.pass_at_k[k]
+    for name, value in (report.generated or {}).items():
+        if value is not None:
+            metrics[f"{GENERATED_PREFIX}{name}"] = value
     return metrics
 
 
@@ -87,6 +92,7 @@ class CheckpointEvaluations:
         self.profile = RunProfile() if profile is None else profile
         self.owned = evaluator is None and config.eval_every is not None and ranks.main
         self.evaluator = evaluator
+        self.drift: Callable[[], dict[str, float]] = dict  # the policy's drift from π0 (`Trainer.drift`)
         if self.owned:
             protocol = eval_config(config, initial_model)
             self.evaluator = (
@@ -97,10 +103,11 @@ class CheckpointEvaluations:
         return eval_due(self.config, update)
 
     def at(self, update: int, folder: RunFolder) -> dict[str, float]:
-        """The scores of update ``update`` ({} when no evaluation is due); its checkpoint must be saved."""
+        """The scores of update ``update`` and the policy's drift ({} when no evaluation is due); its
+        checkpoint must be saved, and the policy must be that checkpoint's."""
         if not self.due(update):
             return {}
-        metrics = {}
+        metrics = self.drift()
         waiting = f"waiting for the evaluation of update {update}"
         doing(f"evaluating update {update}" if self.ranks.main else waiting)
         with self.profile.phase("evaluate", update):
@@ -110,7 +117,7 @@ class CheckpointEvaluations:
                 write_json(report.to_dict(), folder.eval_report(update))
                 if self.on_eval is not None:
                     self.on_eval(update, report)
-                metrics = eval_metrics(report)
+                metrics |= eval_metrics(report)
             wait_for_main(self.ranks)
         return metrics
 

@@ -20,12 +20,22 @@ PHASES = {
     "forward_backward": "the update's log-probs, loss and backward, every micro-batch",
     "optimizer": "the update's loss summed over ranks, gradient clipping and the optimizer step",
     "checkpoint": "writing a checkpoint (weights and resume state)",
+    "probe": "the drift from π0 at an evaluated checkpoint: a no-gradient forward over the fixed probe",
     "evaluate": "a validation evaluation: engine start or weight load, sampling and scoring",
     "test": "the test evaluations of the selected, final and initial checkpoints",
     "final": "writing the final weights",
 }
 """Every phase a profile records, with what it covers."""
-TRAINING_PHASES = ("inputs", "model", "anchors", "forward_backward", "optimizer", "checkpoint", "final")
+TRAINING_PHASES = (
+    "inputs",
+    "model",
+    "anchors",
+    "forward_backward",
+    "optimizer",
+    "checkpoint",
+    "probe",
+    "final",
+)
 """A run's own training; its process start-up and π0 are a compare's, paid once for all its runs."""
 
 

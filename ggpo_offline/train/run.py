@@ -3,13 +3,17 @@ to MLflow together. Reading a finished run (report, compare, CLI) needs only `Ru
 
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import JobFailure, UserError
 from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.train.activity import launched_by_ggpo
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.options import Timeouts
 from ggpo_offline.train.profile import PhaseTime, RunProfile
 
 if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
@@ -320,3 +324,20 @@ class Run:
         times = self.profile.take()
         if self.ranks.main:
             self.folder.append_profile(times)
+
+
+@contextmanager
+def failures_explained(run_dir: Path, ranks: "Ranks", timeouts: Timeouts) -> Iterator[None]:
+    """A peer's death seen as a torch error becomes the job's one line; a failure says how to resume."""
+    from ggpo_offline.train.distributed import lost_peer_failure, peer_lost
+
+    try:
+        yield
+    except RuntimeError as error:
+        if not (ranks.distributed and peer_lost(error)):
+            raise
+        raise lost_peer_failure(ranks, timeouts) from None
+    except JobFailure as failure:
+        if launched_by_ggpo():
+            raise  # the launcher says where the job can resume, once
+        raise JobFailure(f"{failure}; {resume_hint(run_dir)}") from None

@@ -3,19 +3,18 @@ backward → step, record, checkpoint), each minibatch used once."""
 
 import math
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ggpo_offline.core.errors import JobFailure, UserError
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import load_tokenizer
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.report import EvalReport
-from ggpo_offline.train.activity import doing, launched_by_ggpo
+from ggpo_offline.train.activity import doing
 from ggpo_offline.train.checkpoint import load_state, resume_point, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import (
@@ -26,8 +25,6 @@ from ggpo_offline.train.distributed import (
     full_state_dict,
     gradient_sync,
     init_ranks,
-    lost_peer_failure,
-    peer_lost,
     rank_groups,
     scalar,
     wrap,
@@ -40,8 +37,9 @@ from ggpo_offline.train.losses.corrected import weight_total
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 from ggpo_offline.train.pi0_cache import Pi0Cache
+from ggpo_offline.train.probe import DriftProbe, drift_probe
 from ggpo_offline.train.profile import RunProfile
-from ggpo_offline.train.run import FLUSH_EVERY, Run, resume_hint
+from ggpo_offline.train.run import FLUSH_EVERY, Run, failures_explained
 from ggpo_offline.train.step_metrics import EssBlock, StepDiagnostics
 
 
@@ -123,6 +121,7 @@ class Trainer:
         self.loss_kwargs = self.learner.loss_kwargs(config)
         self.update = 0
         self.ess_block = EssBlock(config.ess_block)
+        self.probe: DriftProbe | None = None  # `attach`
 
     # -- state --------------------------------------------------------------------------------------
     def state(self, run_id: str | None) -> tuple[dict, dict]:
@@ -142,6 +141,7 @@ class Trainer:
             "ref_window": self.ref_window,
             "old_window": self.old_window,
             "optimizer": optimizer if self.sharded else None,
+            "probe_pi0": None if self.probe is None else self.probe.pi0,
         }
         return run_state, rank_state
 
@@ -150,6 +150,9 @@ class Trainer:
         run_state, rank_state = load_state(checkpoint, self.ranks.rank)
         self.optimizer.load_state_dict(rank_state["optimizer"] if self.sharded else run_state["optimizer"])
         self.ref_window, self.old_window = rank_state["ref_window"], rank_state["old_window"]
+        if self.probe is not None:  # a checkpoint written before the probe existed has no π0 for it
+            self.probe.pi0 = rank_state.get("probe_pi0")
+            self.probe = None if self.probe.pi0 is None else self.probe
         self.ess_block.log_weights = run_state["ess_log_weights"]
         torch.set_rng_state(run_state["torch_rng"])
         self.update = run_state["update"]
@@ -192,6 +195,19 @@ class Trainer:
                 }
         finally:
             self.policy.train()
+
+    def attach(self, probe: DriftProbe | None) -> Callable[[], dict[str, float]]:
+        """Measure the drift from π0 on ``probe`` (before `restore`, which gives it π0's log-probs back);
+        returns `drift`, which every rank calls at each evaluated checkpoint."""
+        self.probe = probe
+        return self.drift
+
+    def drift(self) -> dict[str, float]:
+        """The policy's drift from π0 on the probe (`DriftProbe`; {} without one): every rank calls it."""
+        if self.probe is None:
+            return {}
+        with self.profile.phase("probe", self.update):
+            return self.probe.measure(self.policy, self.forward_tokens)
 
     def step(self, batch: Minibatch) -> dict[str, float]:
         """One optimizer update on (this rank's share of) one minibatch: log-probs → loss → backward per
@@ -321,7 +337,7 @@ def train(
 
     ranks = init_ranks(timeouts)
     profile = RunProfile.of_first_run()  # where the time goes, into the run's profile.jsonl
-    with _failures_explained(config.run_dir, ranks, timeouts):
+    with failures_explained(config.run_dir, ranks, timeouts):
         # Set-up: every input is checked before the run folder is touched.
         doing("reading the pool")
         with profile.phase("inputs"):
@@ -340,6 +356,7 @@ def train(
             minibatches = PlannedMinibatches(inputs, ranks)
             torch.manual_seed(config.seed)
             trainer = Trainer(config, resumed or inputs.model_dir, pi0, ranks, inputs.temperature, profile)
+            evaluations.drift = trainer.attach(drift_probe(config, minibatches.reader, ranks))
             run_id = trainer.restore(resumed) if resumed is not None else None
             run.start(trainer.update, run_id, parent_run_id, inputs.fingerprints, inputs.tracking_params)
 
@@ -375,18 +392,3 @@ def _checkpoint_due(config: TrainConfig, evaluations: CheckpointEvaluations, don
     """A checkpoint after ``done`` updates: every --save-every, at the end, and for an evaluation due then."""
     saving = config.save_every is not None and done % config.save_every == 0
     return saving or done == config.updates or evaluations.due(done)
-
-
-@contextmanager
-def _failures_explained(run_dir: Path, ranks: Ranks, timeouts: Timeouts) -> Iterator[None]:
-    """A peer's death seen as a torch error becomes the job's one line; a failure says how to resume."""
-    try:
-        yield
-    except RuntimeError as error:
-        if not (ranks.distributed and peer_lost(error)):
-            raise
-        raise lost_peer_failure(ranks, timeouts) from None
-    except JobFailure as failure:
-        if launched_by_ggpo():
-            raise  # the launcher says where the job can resume, once
-        raise JobFailure(f"{failure}; {resume_hint(run_dir)}") from None
