@@ -67,8 +67,8 @@ demo: setup
 	$(DEMO) --methods $(DEMO_FIRST),$(DEMO_SECOND)
 
 # The second paper's learners beside GGPO, GRPO and GRPO+TIS on the same pool and plan (docs/beyond/), ten
-# seeds at the demo's evaluation sizes: two compares side by side, five seeds each, then one that reuses
-# every run and writes the report.
+# seeds at 128 problems x 2 samples: two compares side by side, five seeds each, then one that reuses every
+# run and writes the report.
 BEYOND_METHODS ?= proximal-kl,pg,cispo,seq-is,is-free,rft,ggpo,grpo,grpo-tis
 BEYOND_FIRST ?= 42,1234,2027,1,2
 BEYOND_SECOND ?= 3,4,5,6,7
@@ -82,7 +82,7 @@ beyond: setup
 
 # The frameworks' rollout corrections side by side on the same pool and plan (docs/corrections/): one preset
 # of each distinct part (docs/corrections.md lists all 43; any of them can be named here) and GRPO, the
-# toolkit's PPO on π_θ/μ, at the demo's evaluation sizes, seven seeds. Each preset at its rate from
+# toolkit's PPO on π_θ/μ, at 128 problems x 2 samples, seven seeds. Each preset at its rate from
 # `make tune-corrections` (TUNED_LR). Two compares side by side, then one that reuses every run and writes
 # the report.
 CORRECTIONS_FIRST ?= verl-decoupled-token-is,verl-decoupled-seq-is,verl-decoupled-geo-rs,verl-bypass-ppo-clip,verl-bypass-pg-is,trl-sequence-mask
@@ -97,7 +97,7 @@ corrections: setup
 	$(CORRECTIONS) --methods grpo,$(CORRECTIONS_FIRST),$(CORRECTIONS_SECOND)
 
 # How each learner's learning rate was chosen (docs/tuning/): every learner of the reports at three rates,
-# three seeds, the tiny preset at the demo's evaluation sizes otherwise, judged on validation only
+# three seeds, the tiny preset at 128 problems x 2 samples otherwise, judged on validation only
 # (--no-test); TUNED_LR in ggpo_offline/train/rates.py records the choice. `make tune-corrections` does the
 # same for `make corrections`' presets (docs/corrections/tuning/).
 TUNE_LRS ?= 3e-4 1e-4 3e-5
