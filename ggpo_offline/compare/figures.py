@@ -74,14 +74,12 @@ def _panels(records: list[RunRecord], scores: Scores, methods: list[str]) -> lis
         ("frontier.png", lambda ax: plot_frontier(ax, scores, methods), bool(scores.counts.probe)),
         (
             "novel_first_token.png",
-            lambda ax: _plot_diagnostic(
-                ax, first, novel, "generated first tokens the pool never opens with", log=False
-            ),
+            lambda ax: _plot_diagnostic(ax, first, novel, "novel generated first tokens", log=False),
             novel in logged,
         ),  # fmt: skip
         (
             "generated_length.png",
-            lambda ax: _plot_diagnostic(ax, first, length, "generated tokens per response", log=False),
+            lambda ax: _plot_diagnostic(ax, first, length, "generated length (tokens)", log=False),
             length in logged,
         ),
     ]
