@@ -289,21 +289,25 @@ ADVERSARIAL = {
 )
 def test_extraction_is_linear_on_hostile_input_of_up_to_a_million_characters(text):
     # It runs before (and, after a stall, outside) the per-item time limit, so it must stay linear:
-    # a quadratic scan of 10^5-10^6 characters would take hours, a linear one well under a second.
-    started = time.perf_counter()
+    # a quadratic scan of 10^5-10^6 characters would take hours, a linear one well under a second. CPU
+    # time, not wall time: on a loaded machine the wait for a core is not the scan's (1.1 s wall was seen
+    # beside a make beyond).
+    started = time.process_time()
     content = last_boxed_content(text)
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
     assert content in (None, "1")
 
 
 @pytest.mark.parametrize("name", list(ADVERSARIAL))
 def test_each_adversarial_response_is_scored_within_its_timeout(name):
     score_response("\\boxed{1}", "1")  # builds math-verify's lazy state outside the limit
-    started = time.perf_counter()
+    # The CPU the scoring spent: a limit that did not fire spends seconds; a loaded machine only stretches
+    # the wall time (1.15 s wall was seen beside a make beyond, for a 0.5 s limit).
+    started = time.process_time()
     result = score_response(ADVERSARIAL[name], "1", timeout_s=0.5)
-    elapsed = time.perf_counter() - started
+    spent = time.process_time() - started
     assert result.reward == 0.0 and result.status in ("ok", "timeout", "error", "no_box")
-    assert elapsed < 0.5 + 0.5, f"{name}: {elapsed:.2f} s"
+    assert spent < 0.5 + 0.5, f"{name}: {spent:.2f} s of CPU"
 
 
 def test_a_timeout_raised_inside_a_destructor_is_not_reported_as_unraisable(monkeypatch):

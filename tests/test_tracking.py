@@ -184,10 +184,10 @@ def test_default_uri_follows_mlflow_tracking_uri_and_makes_sqlite_paths_absolute
 
 def test_check_passes_a_writable_sqlite_folder_quickly_without_creating_anything(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    started = time.perf_counter()
+    started = time.process_time()  # CPU: opening MLflow's store costs seconds, waiting for a core does not
     check_tracking_reachable(default_tracking_uri())
     check_tracking_reachable("sqlite:///mlruns.db")
-    assert time.perf_counter() - started < 0.1
+    assert time.process_time() - started < 0.1
     assert list(tmp_path.iterdir()) == []
 
 
