@@ -216,8 +216,24 @@ def print_eval_report(report: "EvalReport", out=None) -> None:
             end_section=index == len(rows) - 1,
         )
     stdout.print(table)
+    if report.generated is not None:
+        stdout.print(generated_line(report.generated))
     if out is not None:
         stdout.print(f"report: {out}")
+
+
+def generated_line(generated: dict) -> str:
+    """What the model wrote (`ggpo_offline.evaluate.generated`), in one line."""
+    line = (
+        f"generated: {generated['mean_length']:.1f} tokens per response, {100 * generated['stop_rate']:.1f}% "
+        f"ended at EOS, NLL {generated['nll']:.3f} nats per token"
+    )
+    if generated["novel_first_token"] is None:
+        return line + "; novelty against the pool: give --pool"
+    return (
+        f"{line}; against the pool: {100 * generated['novel_first_token']:.1f}% novel first tokens, "
+        f"{100 * generated['novel_bigram']:.2f}% novel bigrams"
+    )
 
 
 class CompareProgress(TrainingProgress):

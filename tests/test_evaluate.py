@@ -300,6 +300,7 @@ def test_eval_command_with_the_hf_engine(tmp_path):
     result = ggpo(*args, "--reward-workers", "0", "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert "arith-test" in result.stdout and "suite" in result.stdout and "pass@2" in result.stdout
+    assert "ended at EOS, NLL" in result.stdout and "novelty against the pool: give --pool" in result.stdout
     report = json.loads(out.read_text())
     assert report["n"] == 2 and report["ks"] == [1, 2]
     assert len(report["benchmarks"]["arith-test"]["counts"]) == 3
