@@ -58,7 +58,9 @@ def frontier_section(scores: Scores, methods: list[str]) -> tuple[list[str], lis
         " checkpoints around the first one where its drift reaches that level, problem by problem; levels are"
         f" {', '.join(f'{share:g}' for share in SHARES)} of the largest K3 every run reaches"
         f" ({common_reach(scores, methods):.3g}). A method ahead at matched updates only because it moved"
-        " further from π0 is not ahead here.",
+        " further from π0 is not ahead here. The frontier is as fine as the evaluation schedule: a run whose"
+        " first evaluation after update 0 is already beyond a level is read on a straight line from the base"
+        " model there.",
         "",
         *markdown.table(["probe K3", *map(display, methods)], table_rows, "r" * (1 + len(methods))),
         "",

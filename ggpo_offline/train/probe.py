@@ -30,7 +30,7 @@ def probe_groups(index: PoolIndex, groups: int, ranks: Ranks) -> list[int]:
 
 class DriftProbe:
     """The probe's micro-batches and π0's log-probs of them: taken from the first policy it measures, which
-    is π0 when a run starts at update 0, and kept in the checkpoint for a resumed run (`state`)."""
+    is π0 when a run starts at update 0, and kept in the checkpoint for a resumed run (`Trainer.state`)."""
 
     def __init__(self, batch: Minibatch, micro_batch_size: int | None, ranks: Ranks):
         self.micros = batch.split(micro_batch_size)
