@@ -79,8 +79,8 @@ class Counts:
             for r in records
             if r.result.selected_update is not None
         }
-        drift = {(r.method, r.seed): _drift_series(r.metrics) for r in records}
-        probe = {(r.method, r.seed): _probe_series(r.metrics) for r in records}
+        drift = {(r.method, r.seed): _series(r.metrics, (DRIFT,)) for r in records}
+        probe = {(r.method, r.seed): _series(r.metrics, PROBE_METRICS) for r in records}
         probe = probe if all(probe.values()) else {}  # a frontier needs every run's
         counts = cls(tuple(methods), tuple(seeds), n, ks, prompts, correct, selected, drift, probe)
         counts.check()
@@ -227,19 +227,12 @@ def _agree(found: dict, split: str, value, where: str, what: str) -> None:
         raise UserError(f"{where}: {what} {value} differ from the first run's {found[split]}")
 
 
-def _drift_series(metrics: list[dict]) -> tuple[tuple[int, float], ...]:
+def _series(metrics: list[dict], names: tuple[str, ...]) -> tuple[tuple, ...]:
+    """(update, *values of ``names``) of every record that logged them all, each to DRIFT_DIGITS digits."""
     return tuple(
-        (record["update"], float(f"{record[DRIFT]:.{DRIFT_DIGITS}g}"))
+        (record["update"], *(float(f"{record[name]:.{DRIFT_DIGITS}g}") for name in names))
         for record in metrics
-        if record.get(DRIFT) is not None
-    )
-
-
-def _probe_series(metrics: list[dict]) -> tuple[tuple[int, float, float], ...]:
-    return tuple(
-        (record["update"], *(float(f"{record[name]:.{DRIFT_DIGITS}g}") for name in PROBE_METRICS))
-        for record in metrics
-        if all(record.get(name) is not None for name in PROBE_METRICS)
+        if all(record.get(name) is not None for name in names)
     )
 
 

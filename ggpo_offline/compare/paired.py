@@ -111,13 +111,16 @@ class Scores:
         """Each seed's row of ``read`` at ``at``'s Matched level: (1 − α)^power · row before + α^power · row
         after (power 1 for scores, 2 for their sampling variances, the two evaluations' samples being
         independent)."""
-        rows = []
+        rows, matrices = [], {}  # update -> read's [seeds, problems] there, read once for every seed
         for row, seed in enumerate(self.counts.seeds):
             found = crossing(self.counts.probe_k3(method, seed), at.checkpoint.level)
             if found is None:
                 raise ValueError(f"{method}-s{seed} never reaches probe K3 {at.checkpoint.level}")
             before, after, alpha = found
-            low, high = (read(replace(at, checkpoint=update))[row] for update in (before, after))
+            for update in (before, after):
+                if update not in matrices:
+                    matrices[update] = read(replace(at, checkpoint=update))
+            low, high = matrices[before][row], matrices[after][row]
             rows.append((1 - alpha) ** power * low + alpha**power * high)
         return np.array(rows)
 

@@ -139,13 +139,15 @@ class Evaluator:
         """An Evaluator of another protocol (``config``'s benchmarks) on this one's engine, started if needed;
         closing it gives the engine back holding the weights this one expects. Evaluators lent for one
         protocol share their results, so weights evaluated once (each run's base model) are not sampled
-        again."""
+        again, and the pool's support, once read, is not read again for the same pool."""
         lent = (
             Evaluator(config)
             if self._engine is None
             else Evaluator(replace(config, model=str(self._engine_model)), self._engine)
         )
         lent._done = self._lent_results.setdefault(replace(config, model=None), {})
+        if config.pool == self.config.pool:
+            lent._support = self._support
         return lent
 
     def __enter__(self) -> "Evaluator":
