@@ -1,14 +1,12 @@
 """Evaluation (SPEC "Evaluation", paper Appendix C.1): mean@n and pass@k per benchmark and for the suite."""
 
-import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from ggpo_offline import __version__
-from ggpo_offline.core.errors import UserError, writing
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import (
     load_tokenizer,
     model_name,
@@ -18,7 +16,7 @@ from ggpo_offline.core.model_io import (
 )
 from ggpo_offline.evaluate.config import DEFAULT_ARITH_PROBLEMS, EvalConfig
 from ggpo_offline.evaluate.generated import GeneratedText, PoolSupport
-from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.evaluate.report import EvalReport, check_report_path, write_json
 from ggpo_offline.evaluate.scores import aggregate, reported_ks
 from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
 from ggpo_offline.generate.engines import Engine, SamplingSettings, load_engine
@@ -253,7 +251,7 @@ def evaluate(
     bad input.
     """
     if config.out is not None:
-        _check_report_path(Path(config.out), config.overwrite)  # before any slow work
+        check_report_path(Path(config.out), config.overwrite)  # before any slow work
     with Evaluator(config, engine) as evaluator:
         report = evaluator.evaluate(config.model, on_progress)
     if config.out is not None:
@@ -377,25 +375,3 @@ def _report(
         },
         generated=generated,
     )
-
-
-def _check_report_path(path: Path, overwrite: bool) -> None:
-    if path.is_dir():
-        raise UserError(f"{path} is a directory; give a .json file path for --out")
-    if path.exists() and not overwrite:
-        raise UserError(f"{path} already exists; pass --overwrite to replace it")
-
-
-def write_json(report: dict, path: Path) -> None:
-    """Write through a temporary file renamed into place, so no half-written report is left and an earlier
-    one survives a failed write (disk full, folder not writable: a UserError naming ``path``)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    text = json.dumps(report, indent=2) + "\n"
-    with writing(path):
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise

@@ -1,8 +1,12 @@
 """The evaluation report: what `ggpo eval --out` and training's checkpoint evaluations write
 (``eval/update-*.json``), and what training, compare and the CLI read back, through this one type."""
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
+from ggpo_offline.core.errors import UserError, writing
 from ggpo_offline.evaluate.scores import BenchmarkScores, Scores
 
 
@@ -50,3 +54,26 @@ class EvalReport:
             run=data["run"],
             generated=data.get("generated"),
         )
+
+
+def check_report_path(path: Path, overwrite: bool) -> None:
+    """Refuse ``--out`` before any slow work when it is a folder or an existing file not to be replaced."""
+    if path.is_dir():
+        raise UserError(f"{path} is a directory; give a .json file path for --out")
+    if path.exists() and not overwrite:
+        raise UserError(f"{path} already exists; pass --overwrite to replace it")
+
+
+def write_json(report: dict, path: Path) -> None:
+    """Write through a temporary file renamed into place, so no half-written report is left and an earlier
+    one survives a failed write (disk full, folder not writable: a UserError naming ``path``)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    text = json.dumps(report, indent=2) + "\n"
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise

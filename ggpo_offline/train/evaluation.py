@@ -5,9 +5,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ggpo_offline.evaluate.config import EvalConfig
-from ggpo_offline.evaluate.evaluator import Evaluator, write_json
+from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.remote import RemoteEvaluator
-from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.evaluate.report import EvalReport, write_json
 from ggpo_offline.train.activity import doing
 from ggpo_offline.train.checkpoint_metrics import GENERATED_PREFIX
 from ggpo_offline.train.config import TrainConfig

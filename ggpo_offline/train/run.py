@@ -300,7 +300,7 @@ class Run:
         """result.json, written last: the run is complete. ``selected_update``: the checkpoint the run reports
         (best validation score), None without evaluation."""
         from ggpo_offline.core import tracking
-        from ggpo_offline.evaluate.evaluator import write_json
+        from ggpo_offline.evaluate.report import write_json
 
         if self.ranks.main:
             uri = (
