@@ -129,19 +129,25 @@ tune-corrections: setup
 	$(call tune_sweep,$(CORRECTIONS_FIRST),$(CORRECTIONS_SECOND),reports/tuning-corrections)
 
 # The paper's offline arc on the embedded model (docs/arc/): GRPO, GRPO+TIS, AGRO, GGPO and the second paper's
-# two best learners on validation (PG 60.35, Proximal KL 60.45: seed 42's selected checkpoint at each one's
-# rate in `make tune-lr`, among Proximal KL, PG, CISPO, seq-IS and IS-free) x the paper's three seeds;
-# then AGRO and GGPO on the paper's Table 6 axes (a fixed reference, T_ref never; stronger regularization,
-# beta 0.1; seed 42, validation). Two compares run side by side, each pinned to one core: vLLM's CPU engine
-# binds the threads of the process it runs in (and then ignores --threads), so two unpinned compares would
-# each run two threads on both cores. A last command reads both and writes the report (time: README). The
-# compares run untracked: every number is in the run folders.
+# best learner on validation (Proximal KL 60.45 before PG 60.35: seed 42's selected checkpoint at each one's
+# rate in `make tune-lr`, among Proximal KL, PG, CISPO, seq-IS and IS-free) x ten seeds (the paper's three
+# first); then AGRO and GGPO with a fixed reference (the paper's Table 6 axis: T_ref never) x five seeds.
+# Evaluated on 64 validation problems x 2 samples every 10 updates and 128 test problems x 2: the three-seed
+# arc's validation variance split (update 60: seeds 47 %, problems 33 %, run x problem 7 %, sampling 13 % at
+# 128 x 8) projects its median interval at ten seeds to 0.57x of the three-seed one at 64 x 2 and 0.42x at
+# 128 x 2, but a seed's 60 updates cost 105 s of training that no evaluation size lowers, and 128 x 2 would
+# add ~12 minutes; the stronger-regularization axis (beta) is `make arc-explain`'s. Two compares run side by
+# side, each pinned to one core: vLLM's CPU engine binds the threads of the process it runs in (and then
+# ignores --threads), so two unpinned compares would each run two threads on both cores. A last command reads
+# both and writes the report (time: README). The compares run untracked: every number is in the run folders.
 ARC_POOL ?= pools/arc.parquet
 ARC_OUT ?= reports/arc
 ARC_FIRST ?= grpo,grpo-tis,agro
-ARC_SECOND ?= ggpo,pg,proximal-kl
-ARC_SEEDS ?= 42,1234,2027
-ARC := $(BIN)/ggpo compare --pool $(ARC_POOL) --preset arc --threads 1 --no-tracking
+ARC_SECOND ?= ggpo,proximal-kl
+ARC_SEEDS ?= 42,1234,2027,1,2,3,4,5,6,7
+ARC_ABLATION_SEEDS ?= 42,1234,2027,1,2
+ARC := $(BIN)/ggpo compare --pool $(ARC_POOL) --preset arc --threads 1 --no-tracking --eval-n 2 \
+	--eval-num-problems 64 --test-num-problems 128
 arc: setup
 	@if [ -f $(ARC_POOL) ]; then echo "$(ARC_POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --num-prompts 1024 --out $(ARC_POOL); fi
@@ -149,11 +155,11 @@ arc: setup
 	$(BIN)/ggpo pool score $(ARC_POOL)
 	mkdir -p $(ARC_OUT)/ablations
 	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); \
-	  $(ARC) --methods $(ARC_FIRST) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/first \
-	  && $(ARC) --methods agro,ggpo --seeds 42 --beta 0.1 --out $(ARC_OUT)/ablations/beta-0.1 ) & first=$$!; \
+	  $(ARC) --methods $(ARC_FIRST) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/first ) & first=$$!; \
 	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); \
 	  $(ARC) --methods $(ARC_SECOND) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/second \
-	  && $(ARC) --methods agro,ggpo --seeds 42 --ref-refresh never --out $(ARC_OUT)/ablations/tref-never ); \
+	  && $(ARC) --methods agro,ggpo --seeds $(ARC_ABLATION_SEEDS) --ref-refresh never \
+	     --out $(ARC_OUT)/ablations/tref-never ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
 	$(BIN)/ggpo arc-report --methods $(ARC_FIRST),$(ARC_SECOND) --seeds $(ARC_SEEDS) \
 		--parts $(ARC_OUT)/first,$(ARC_OUT)/second --ablations $(ARC_OUT)/ablations --ceilings $(CEILINGS) \

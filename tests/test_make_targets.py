@@ -92,7 +92,7 @@ def shaped(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "target, compares",
-    [("demo", 3), ("beyond", 3), ("corrections", 3), ("tune-lr", 6), ("tune-corrections", 6), ("arc", 4)],
+    [("demo", 3), ("beyond", 3), ("corrections", 3), ("tune-lr", 6), ("tune-corrections", 6), ("arc", 3)],
 )
 def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares):
     plans = dry_run_every_plan(target, shaped)
