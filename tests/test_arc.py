@@ -137,23 +137,50 @@ def test_ablations_are_compared_with_the_default_run_at_its_peak_and_final_updat
     assert ablations["runs"][1]["evaluations"]["8"] == {"p0": 3, "p1": 4, "p2": 5, "p3": 6}
     # The table comes back from the JSON alone (as ablations.json is read when a report is recomputed).
     assert ablation_table(counts, json.loads(json.dumps(ablations))).split("\n") == [
-        "### Ablations on validation (mean@n %, one seed): peak and final beside the default settings",
+        "### Ablations on validation (mean@n %, mean over seeds): peak and final beside the default settings",
         "",
-        "| setting | method | seed | peak (update) | final | final − default final [95 %] | peak − default"
+        "| setting | method | seeds | peak (updates) | final | final − default final [95 %] | peak − default"
         " peak [95 %] |",
         "|---|---|---:|---:|---:|---:|---:|",
         # agro (no default run of agro) and seed 7 (no default of that seed) are left out; one seed each:
         # however clear the difference, too few seeds for a verdict about the setting
-        "| beta-0.003 | GGPO | 42 | 81.25 (6) | 56.25 | +12.50 [+12.50, +12.50] too few seeds"
+        "| beta-0.003 | GGPO | 1 | 81.25 (6) | 56.25 | +12.50 [+12.50, +12.50] too few seeds"
         " | +12.50 [+12.50, +12.50] too few seeds |",
-        "| beta-0.03 | GGPO | 42 | 68.75 (4) | 43.75 | +0.00 [+0.00, +0.00] too few seeds"
+        "| beta-0.03 | GGPO | 1 | 68.75 (4) | 43.75 | +0.00 [+0.00, +0.00] too few seeds"
         " | +0.00 [+0.00, +0.00] too few seeds |",
         "",
-        "Default settings (the arc preset): GGPO seed 42: peak 68.75 at 4, final 43.75. One seed per setting:"
-        " each interval is over problems and describes the two runs; a verdict about the settings needs more"
-        " seeds.",
+        "Default settings (the arc preset), on the same seeds: GGPO seed 42: peak 68.75, final 43.75. Each"
+        " difference is paired by seed and problem, its interval t on seeds − 1 df (`compare/stats.py`), and"
+        " each column's rows are one family (Holm). A row of one seed is over problems only and describes the"
+        " two runs: too few seeds for a verdict about the setting.",
         "",
     ]
+
+
+def test_an_ablation_of_several_seeds_gets_the_seed_calibrated_interval_and_holm_verdicts():
+    """Two seeds: seed 42 gains +1 correct of 8 on every problem (+12.5 points), seed 7 gains +3 (+37.5) at
+    the final update; by hand, the mean is +25, the standard error the spread of the two seed means over
+    sqrt(2) (12.5: no problem or residual variance), the interval ±t(0.975, 1 df) = 12.706 times it, and p
+    = 2·P(T_1 > 2) = 0.2952 (not resolved); at the peaks every difference is 0."""
+    default_7 = {0: BASE, 4: [4, 5, 6, 7], 6: [2, 2, 2, 2], 8: [1, 1, 1, 1]}  # peak 4, final 8
+    counts = Counts.from_records(
+        [_run("ggpo", 42, DEFAULT_GGPO), _run("ggpo", 7, default_7)], ["ggpo"], [42, 7]
+    )
+    gained = {  # the defaults' peaks kept, the finals raised
+        42: {**DEFAULT_GGPO, 8: [3, 4, 5, 6]},
+        7: {**default_7, 8: [4, 4, 4, 4]},
+    }
+    runs = ablation_runs({"tref-never": [_run("ggpo", seed, gained[seed]) for seed in (42, 7)]})
+    lines = ablation_table(counts, runs).split("\n")
+    half = 12.706205 * 12.5
+    assert f"{-half + 25:+.2f}" == "-133.83" and f"{half + 25:+.2f}" == "+183.83"
+    assert lines[4] == (
+        "| tref-never | GGPO | 2 | 68.75 (4, 4) | 53.12 | +25.00 [-133.83, +183.83] not resolved"
+        " | +0.00 [+0.00, +0.00] not resolved |"
+    )
+    assert lines[6].startswith(
+        "Default settings (the arc preset), on the same seeds: GGPO seeds 42, 7: peak 68.75, final 28.12."
+    )
 
 
 STYLES = {  # measure_styles-like reports, "other" first and a style absent from the base model's
@@ -259,7 +286,7 @@ def test_the_arc_report_writes_every_file_and_its_tables_come_back_from_the_coun
     write_tables(Counts.read(out / COUNTS_FILE), tmp_path / "again")
     assert (tmp_path / "again" / "table.md").read_text() == (out / "table.md").read_text()
     assert (out / "ablations.md").read_text().splitlines()[4] == (
-        "| beta-0.003 | GGPO | 42 | 87.50 (8) | 87.50 | +12.50 [+12.50, +12.50] too few seeds"
+        "| beta-0.003 | GGPO | 1 | 87.50 (8) | 87.50 | +12.50 [+12.50, +12.50] too few seeds"
         " | +12.50 [+12.50, +12.50] too few seeds |"
     )
     ablations_json = json.loads((out / "ablations.json").read_text())

@@ -2,6 +2,7 @@
 comparison report, the ablations beside the default settings, and the style shares along the arc."""
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,8 +15,15 @@ from ggpo_offline.compare.comparison import MARKER
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import Counts
 from ggpo_offline.compare.report import STATISTICS, Report, write_report
-from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run, validation_counts
-from ggpo_offline.compare.tables import display, interval_verdict, rate_text
+from ggpo_offline.compare.runs import (
+    RunRecord,
+    check_data_plans,
+    load_run,
+    points,
+    selected,
+    validation_counts,
+)
+from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.info import PoolInfo
@@ -149,15 +157,16 @@ def _ablation_parts(folder: Path) -> dict[str, list[RunRecord]]:
     return {p.name: part_records(p) for p in sorted(folder.iterdir()) if (p / MARKER).is_file()}
 
 
-def evaluation_counts(counts: Counts, method: str, seed: int) -> dict[int, dict[str, int]]:
-    """One default run's validation evaluations from counts.json: update -> prompt id -> correct."""
+def evaluation_counts(counts: Counts, method: str, seed: int) -> dict[str, dict[str, int]]:
+    """One default run's validation evaluations from counts.json: update (a string, as in ablations.json)
+    -> prompt id -> correct."""
     prompts = counts.prompts["validation"]
     found = {}
     for (m, s, split, update), by_benchmark in counts.correct.items():
         if (m, s, split) == (method, seed, "validation"):
             pairs = (zip(ids, by_benchmark[name], strict=True) for name, ids in prompts.items())
-            found[update] = {p: c for pair in pairs for p, c in pair}
-    return dict(sorted(found.items()))
+            found[str(update)] = {p: c for pair in pairs for p, c in pair}
+    return dict(sorted(found.items(), key=lambda item: int(item[0])))
 
 
 def ablation_runs(ablations: dict[str, list[RunRecord]]) -> dict:
@@ -177,59 +186,74 @@ def ablation_runs(ablations: dict[str, list[RunRecord]]) -> dict:
     return {"format": ABLATIONS_FORMAT, "runs": runs}
 
 
-def _points(evaluation: dict[str, int], n: int) -> np.ndarray:
-    """Per-problem mean@n in points, ``[1, problems]`` in prompt-id order."""
-    return 100.0 * np.array([[evaluation[p] for p in sorted(evaluation)]], dtype=float) / n
-
-
-def _peak(evaluations: dict[int, dict[str, int]]) -> int:
-    """The run's checkpoint chosen on validation: the most correct samples, the earliest among equals (the
-    rule of train.evaluation.selected_update, on exact integers)."""
-    return max(sorted(evaluations), key=lambda update: (sum(evaluations[update].values()), -update))
-
-
 def ablation_table(counts: Counts, ablations: dict) -> str:
-    """The paper's Table 6 axes on validation: each setting's peak and final beside the default run of the
-    same method and seed (from ``counts``), with paired intervals over problems: one seed, so each verdict
-    is "too few seeds"."""
+    """The paper's Table 6 axes on validation: each setting beside the default runs of the same method and
+    seeds (from ``counts``), at each run's final and peak (selected) checkpoint: the means over the seeds
+    both have and the paired difference setting − default, seed-calibrated (`stats.difference`); each
+    column's rows are one Holm family, and a row of one seed is "too few seeds"."""
     n = counts.n["validation"]
-    shown, table_rows = [], []
+    arms: dict[tuple[str, str], list[tuple[int, dict, dict]]] = {}
     for run in ablations["runs"]:
-        if run["method"] not in counts.methods or run["seed"] not in counts.seeds:
-            continue
-        default = evaluation_counts(counts, run["method"], run["seed"])
-        shown.append((run["method"], run["seed"], default))
-        evaluations = {int(u): e for u, e in run["evaluations"].items()}
-        final, peak = max(evaluations), _peak(evaluations)
-        final_gap = stats.paired_interval(_points(evaluations[final], n) - _points(default[max(default)], n))
-        peak_gap = stats.paired_interval(_points(evaluations[peak], n) - _points(default[_peak(default)], n))
-        means = _points(evaluations[peak], n).mean(), _points(evaluations[final], n).mean()
-        gaps = [interval_verdict(final_gap), interval_verdict(peak_gap)]
-        cells = [f"{means[0]:.2f} ({peak})", f"{means[1]:.2f}", *gaps]
-        table_rows.append([run["setting"], display(run["method"]), run["seed"], *cells])
-    header = ["setting", "method", "seed", "peak (update)", "final", "final − default final [95 %]"]
+        if run["method"] in counts.methods and run["seed"] in counts.seeds:
+            default = evaluation_counts(counts, run["method"], run["seed"])
+            arm = arms.setdefault((run["setting"], run["method"]), [])
+            arm.append((run["seed"], run["evaluations"], default))
+    rows, finals, peaks = [], [], []
+    for (setting, method), runs in arms.items():
+        ablated, default = [r[1] for r in runs], [r[2] for r in runs]
+        finals.append(stats.difference(_at(ablated, _final, n), _at(default, _final, n), n))
+        peaks.append(stats.difference(_at(ablated, _peak, n), _at(default, _peak, n), n))
+        updates = ", ".join(_peak(evaluations, n) for evaluations in ablated)
+        means = (_mean(ablated, _peak, n), _mean(ablated, _final, n))
+        rows.append([setting, display(method), len(runs), f"{means[0]:.2f} ({updates})", f"{means[1]:.2f}"])
+    for row, final, peak in zip(rows, stats.judge(finals), stats.judge(peaks), strict=True):
+        row += [final.text(), peak.text()]
+    header = ["setting", "method", "seeds", "peak (updates)", "final", "final − default final [95 %]"]
     lines = [
-        "### Ablations on validation (mean@n %, one seed): peak and final beside the default settings",
+        "### Ablations on validation (mean@n %, mean over seeds): peak and final beside the default settings",
         "",
-        *markdown.table([*header, "peak − default peak [95 %]"], table_rows, "llrrrrr"),
+        *markdown.table([*header, "peak − default peak [95 %]"], rows, "llrrrrr"),
         "",
-        _defaults_line(shown, n),
+        _defaults_line(arms, n),
         "",
     ]
     return "\n".join(lines)
 
 
-def _defaults_line(shown: list[tuple[str, int, dict]], n: int) -> str:
-    parts = []
-    for method, seed, default in dict(((m, s), (m, s, d)) for m, s, d in shown).values():
-        peak, final = _peak(default), max(default)
-        parts.append(
-            f"{display(method)} seed {seed}: peak {_points(default[peak], n).mean():.2f} at {peak}, final "
-            f"{_points(default[final], n).mean():.2f}"
+def _final(evaluations: dict[str, dict[str, int]], n: int) -> str:
+    """The key of the run's last evaluation."""
+    return max(evaluations, key=int)
+
+
+def _peak(evaluations: dict[str, dict[str, int]], n: int) -> str:
+    """The key of the run's checkpoint chosen on validation (`selected`)."""
+    return str(selected(evaluations, n)[0])
+
+
+def _at(runs: list[dict], checkpoint: Callable, n: int) -> np.ndarray:
+    """Correct counts [seeds, problems] (prompt-id order) at each run's ``checkpoint``."""
+    chosen = [evaluations[checkpoint(evaluations, n)] for evaluations in runs]
+    return np.array([[counts[p] for p in sorted(counts)] for counts in chosen])
+
+
+def _mean(runs: list[dict], checkpoint: Callable, n: int) -> float:
+    """mean@n in points at each run's ``checkpoint``, averaged over the runs (seeds)."""
+    return float(np.mean([points(evaluations[checkpoint(evaluations, n)], n).mean() for evaluations in runs]))
+
+
+def _defaults_line(arms: dict[tuple[str, str], list[tuple[int, dict, dict]]], n: int) -> str:
+    shown = {}
+    for (_, method), runs in arms.items():
+        seeds, default = tuple(r[0] for r in runs), [r[2] for r in runs]
+        shown[(method, seeds)] = (
+            f"{display(method)} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: peak"
+            f" {_mean(default, _peak, n):.2f}, final {_mean(default, _final, n):.2f}"
         )
     return (
-        "Default settings (the arc preset): " + "; ".join(parts) + ". One seed per setting: each interval is"
-        " over problems and describes the two runs; a verdict about the settings needs more seeds."
+        "Default settings (the arc preset), on the same seeds: " + "; ".join(shown.values()) + ". Each"
+        " difference is paired by seed and problem, its interval t on seeds − 1 df (`compare/stats.py`), and"
+        " each column's rows are one family (Holm). A row of one seed is over problems only and describes the"
+        " two runs: too few seeds for a verdict about the setting."
     )
 
 

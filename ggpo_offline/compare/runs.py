@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.run import RunFolder, RunResult
@@ -33,6 +35,19 @@ def validation_counts(record: RunRecord) -> dict[int, dict[str, int]]:
         update: {p: c for scores in report.benchmarks.values() for p, c in scores.counts.items()}
         for update, report in sorted(record.evals.items())
     }
+
+
+def points(counts: dict[str, int], n: int) -> np.ndarray:
+    """Per-problem mean@n in points, in prompt-id order (one run, one evaluation)."""
+    return 100.0 * np.array([counts[p] for p in sorted(counts)], dtype=float) / n
+
+
+def selected(evaluations: dict, n: int) -> tuple[int, float]:
+    """The run's checkpoint selected on validation (best mean@n, the earliest among equals; the rule of
+    train.evaluation.selected_update) and its mean; ``evaluations``: update (int or str) -> counts."""
+    means = {int(update): float(points(counts, n).mean()) for update, counts in evaluations.items()}
+    update = max(sorted(means), key=lambda u: (means[u], -u))
+    return update, means[update]
 
 
 def load_run(run_dir: Path, method: str, seed: int) -> RunRecord:

@@ -35,11 +35,6 @@ def rate_text(lr: float) -> str:
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
-def interval_verdict(interval: stats.Interval) -> str:
-    """E.g. "+4.10 [+1.02, +7.31] resolved": a comparison that is a family of its own."""
-    return f"{interval.text()} {interval.verdict}"
-
-
 @dataclass(frozen=True)
 class Ranked:
     """The best method at one place and every other method's paired difference from it (other − best),

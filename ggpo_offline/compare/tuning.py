@@ -11,7 +11,7 @@ from ggpo_offline.compare import stats
 from ggpo_offline.compare.arc import part_records
 from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
-from ggpo_offline.compare.runs import validation_counts
+from ggpo_offline.compare.runs import points, selected, validation_counts
 from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
@@ -103,18 +103,6 @@ def sweep_counts(records: list[RunRecord], parts: tuple[str, ...]) -> dict:
     return {"n": n, "seeds": [int(seed) for seed in seeds], "settings": shared, "runs": ordered}
 
 
-def _points(counts: dict[str, int], n: int) -> np.ndarray:
-    """Per-problem mean@n in points, in prompt-id order (one run, one evaluation)."""
-    return 100.0 * np.array([counts[p] for p in sorted(counts)], dtype=float) / n
-
-
-def selected(evaluations: dict[str, dict[str, int]], n: int) -> tuple[int, float]:
-    """The run's checkpoint selected on validation (best mean@n, the earliest among equals) and its mean."""
-    means = {int(update): float(_points(counts, n).mean()) for update, counts in evaluations.items()}
-    update = max(sorted(means), key=lambda u: (means[u], -u))
-    return update, means[update]
-
-
 def rate_mean(by_seed: dict[str, dict], n: int) -> float:
     """A learner's validation mean@n at one rate: the mean over seeds of each run's selected checkpoint."""
     return float(np.mean([selected(evaluations, n)[1] for evaluations in by_seed.values()]))
@@ -199,7 +187,7 @@ def tuning_tables(sweep: dict) -> str:
 def _update_mean(by_seed: dict[str, dict], update: str, n: int) -> str:
     if any(update not in evaluations for evaluations in by_seed.values()):
         return "–"
-    return f"{np.mean([_points(evaluations[update], n).mean() for evaluations in by_seed.values()]):.2f}"
+    return f"{np.mean([points(evaluations[update], n).mean() for evaluations in by_seed.values()]):.2f}"
 
 
 def _margins(runs: dict[str, dict], chosen: dict[str, str], n: int) -> dict[str, str]:
