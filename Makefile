@@ -14,7 +14,7 @@ CORES ?= 0 1
 # every method against the two ceilings of selection they give.
 CEILINGS ?= ggpo_offline/organism/tiny_model/styles.json
 
-.PHONY: setup demo beyond corrections arc tune-lr tune-corrections test chaos bench gpu-check lint clean-venv
+.PHONY: setup demo beyond corrections arc arc-explain tune-lr tune-corrections test chaos bench gpu-check lint clean-venv
 
 setup: $(PROJECT_STAMP)
 
@@ -136,7 +136,7 @@ tune-corrections: setup
 # arc's validation variance split (update 60: seeds 47 %, problems 33 %, run x problem 7 %, sampling 13 % at
 # 128 x 8) projects its median interval at ten seeds to 0.57x of the three-seed one at 64 x 2 and 0.42x at
 # 128 x 2, but a seed's 60 updates cost 105 s of training that no evaluation size lowers, and 128 x 2 would
-# add ~12 minutes; the stronger-regularization axis (beta) is `make arc-explain`'s. Two compares run side by
+# add ~12 minutes; the stronger-regularization axis (beta) is `make arc-explain`'s (below). Two compares run side by
 # side, each pinned to one core: vLLM's CPU engine binds the threads of the process it runs in (and then
 # ignores --threads), so two unpinned compares would each run two threads on both cores. A last command reads
 # both and writes the report (time: README). The compares run untracked: every number is in the run folders.
@@ -148,6 +148,10 @@ ARC_SEEDS ?= 42,1234,2027,1,2,3,4,5,6,7
 ARC_ABLATION_SEEDS ?= 42,1234,2027,1,2
 ARC := $(BIN)/ggpo compare --pool $(ARC_POOL) --preset arc --threads 1 --no-tracking --eval-n 2 \
 	--eval-num-problems 64 --test-num-problems 128
+ARC_ABLATION := $(ARC) --seeds $(ARC_ABLATION_SEEDS)
+ARC_REPORT := $(BIN)/ggpo arc-report --methods $(ARC_FIRST),$(ARC_SECOND) --seeds $(ARC_SEEDS) \
+	--parts $(ARC_OUT)/first,$(ARC_OUT)/second --ablations $(ARC_OUT)/ablations --ceilings $(CEILINGS) \
+	--out $(ARC_OUT)
 arc: setup
 	@if [ -f $(ARC_POOL) ]; then echo "$(ARC_POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --num-prompts 1024 --out $(ARC_POOL); fi
@@ -158,12 +162,25 @@ arc: setup
 	  $(ARC) --methods $(ARC_FIRST) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/first ) & first=$$!; \
 	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); \
 	  $(ARC) --methods $(ARC_SECOND) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/second \
-	  && $(ARC) --methods agro,ggpo --seeds $(ARC_ABLATION_SEEDS) --ref-refresh never \
-	     --out $(ARC_OUT)/ablations/tref-never ); \
+	  && $(ARC_ABLATION) --methods agro,ggpo --ref-refresh never --out $(ARC_OUT)/ablations/tref-never ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
-	$(BIN)/ggpo arc-report --methods $(ARC_FIRST),$(ARC_SECOND) --seeds $(ARC_SEEDS) \
-		--parts $(ARC_OUT)/first,$(ARC_OUT)/second --ablations $(ARC_OUT)/ablations --ceilings $(CEILINGS) \
-		--out $(ARC_OUT)
+	$(ARC_REPORT)
+
+# What explains the arc's collapse of AGRO and GGPO (docs/arc, "Ablations"): beta 0.03, 0.1 and 0.3 beside the
+# arc's 0.01 for both, and GGPO with a bounded push (docs/learners.md), five seeds each, written into make
+# arc's ablations folder; then the arc's report again, every ablation beside the default runs of its seeds.
+# Needs make arc's runs and pool. Two lanes as in make arc (20 and 15 runs).
+arc-explain: setup
+	@test -f $(ARC_OUT)/first/compare.json -a -f $(ARC_OUT)/second/compare.json \
+		|| { echo "error: $(ARC_OUT) holds no arc runs; run make arc first"; exit 1; }
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); \
+	  $(ARC_ABLATION) --methods agro,ggpo --beta 0.03 --out $(ARC_OUT)/ablations/beta-0.03 \
+	  && $(ARC_ABLATION) --methods agro,ggpo --beta 0.1 --out $(ARC_OUT)/ablations/beta-0.1 ) & first=$$!; \
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); \
+	  $(ARC_ABLATION) --methods agro,ggpo --beta 0.3 --out $(ARC_OUT)/ablations/beta-0.3 \
+	  && $(ARC_ABLATION) --methods ggpo-bounded-push --out $(ARC_OUT)/ablations/bounded-push ); \
+	second=$$?; wait $$first && [ $$second -eq 0 ]
+	$(ARC_REPORT)
 
 # Two pytest workers (pytest-xdist), one a core: most of the suite is process start-ups and single-threaded
 # work. loadgroup: the tests on the session's vLLM engine share one worker (tests/conftest.py), so one engine

@@ -170,7 +170,13 @@ def test_an_ablation_of_several_seeds_gets_the_seed_calibrated_interval_and_holm
         42: {**DEFAULT_GGPO, 8: [3, 4, 5, 6]},
         7: {**default_7, 8: [4, 4, 4, 4]},
     }
-    runs = ablation_runs({"tref-never": [_run("ggpo", seed, gained[seed]) for seed in (42, 7)]})
+    runs = ablation_runs(
+        {
+            "tref-never": [_run("ggpo", seed, gained[seed]) for seed in (42, 7)],
+            # an ablation learner is compared with the runs of the learner it ablates
+            "bounded-push": [_run("ggpo-bounded-push", seed, gained[seed]) for seed in (42, 7)],
+        }
+    )
     lines = ablation_table(counts, runs).split("\n")
     half = 12.706205 * 12.5
     assert f"{-half + 25:+.2f}" == "-133.83" and f"{half + 25:+.2f}" == "+183.83"
@@ -178,7 +184,8 @@ def test_an_ablation_of_several_seeds_gets_the_seed_calibrated_interval_and_holm
         "| tref-never | GGPO | 2 | 68.75 (4, 4) | 53.12 | +25.00 [-133.83, +183.83] not resolved"
         " | +0.00 [+0.00, +0.00] not resolved |"
     )
-    assert lines[6].startswith(
+    assert lines[5] == lines[4].replace("tref-never | GGPO", "bounded-push | GGPO bounded push")
+    assert lines[7].startswith(
         "Default settings (the arc preset), on the same seeds: GGPO seeds 42, 7: peak 68.75, final 28.12."
     )
 

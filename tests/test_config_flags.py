@@ -54,7 +54,7 @@ COMMANDS = {
     "pool import": [(ImportConfig, ())],
 }
 """Each command's settings dataclasses and the fields that are not its flags."""
-NOT_READ_BY_GRPO_TIS = ("beta", "clip", "horizon", "cost_bound", "cispo_low", "cispo_high")
+NOT_READ_BY_GRPO_TIS = ("beta", "clip", "horizon", "cost_bound", "cispo_low", "cispo_high", "push_bound")
 """Learner settings grpo-tis refuses (the registry's rule); the train round trip leaves them at default."""
 SPECIAL = {
     "pool": Path("elsewhere/p.parquet"), "out": Path("run/x"), "method": "grpo-tis", "ref_refresh": 7,

@@ -20,9 +20,11 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import TrainConfig, resolve_config
 from ggpo_offline.train.learner_table import (
     CORRECTIONS_DOC,
+    LEARNERS_DOC,
     README_BEGIN,
     README_END,
     markdown_table,
+    with_ablations_table,
     with_corrections_table,
     with_learner_table,
 )
@@ -38,6 +40,7 @@ from ggpo_offline.train.learners import (
 VALID = {
     "beta": 0.5, "clip": 0.1, "ref_refresh": 7, "clip_eps": 0.3, "dual_clip": 5.0, "kl_coef": 0.02,
     "tis_cap": 3.0, "tis_block": 4, "horizon": 3, "cost_bound": 0.1, "cispo_low": 0.5, "cispo_high": 2.0,
+    "push_bound": 5.0,
 }  # fmt: skip
 """A valid value, other than the default, of every learner-specific setting."""
 
@@ -237,17 +240,29 @@ def test_the_corrections_doc_holds_every_preset_as_the_registry_has_it():
         assert f"`{entry.preset.knobs}`" in row and entry.summary in row
 
 
-def test_the_table_has_a_row_per_learner_with_its_facts():
-    rows = markdown_table().splitlines()[2:]
-    assert len(rows) == len(REGISTRY)
-    for entry, row in zip(REGISTRY, rows, strict=True):
+def test_the_docs_list_each_ablation_where_the_readme_lists_the_methods():
+    doc = LEARNERS_DOC.read_text()
+    assert with_ablations_table(doc) == doc, "run `python -m ggpo_offline.train.learner_table` to regenerate"
+    ablations = [entry.name for entry in REGISTRY if entry.ablates]
+    assert ablations == ["ggpo-bounded-push"]
+    assert [row.split("`")[1] for row in markdown_table(ablations=True).splitlines()[2:]] == ablations
+    assert not any(f"`{name}`" in markdown_table() for name in ablations)
+
+
+@pytest.mark.parametrize("ablations", [False, True])
+def test_the_table_has_a_row_per_learner_with_its_facts(ablations):
+    rows = markdown_table(ablations).splitlines()[2:]
+    entries = [entry for entry in REGISTRY if (entry.ablates is not None) == ablations]
+    assert len(rows) == len(entries)
+    for entry, row in zip(entries, rows, strict=True):
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert cells[:3] == [f"`{entry.name}`", entry.label, entry.summary]
         assert re.findall(r"`--([a-z-]+)`", cells[3]) == [n.replace("_", "-") for n in entry.hyperparameters]
         assert ("π_ref" in cells[4]) == ("ref_logp" in entry.needs)
         assert ("every 160" in cells[5]) == entry.refreshes_reference
         assert cells[6] == entry.formula
-    assert "beta = 0 (fixed)" in rows[[e.name for e in REGISTRY].index("pg")]
+    if not ablations:
+        assert "beta = 0 (fixed)" in rows[[e.name for e in entries].index("pg")]
 
 
 def test_the_generator_rewrites_only_the_block(tmp_path):
@@ -276,5 +291,5 @@ def test_the_cli_refuses_an_unread_flag_with_one_line(tmp_path):
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         "error: --beta is not read by pg; it is read by ggpo, ggpo-clip, agro, proximal-kl, seq-is, is-free, "
-        "ggpo-reward-only"
+        "ggpo-reward-only, ggpo-bounded-push"
     ]

@@ -16,6 +16,7 @@ from ggpo_offline.train.losses import (
     Max,
     agro_loss,
     corrected,
+    ggpo_bounded_push_loss,
     ggpo_loss,
     grpo_loss,
     grpo_tis_loss,
@@ -35,6 +36,7 @@ HYPER = {
     "seq-is": {"beta": 0.5, "horizon": 2, "cost_bound": 0.25},
     "is-free": {"beta": 0.5, "horizon": None, "cost_bound": 0.25},
     "ggpo-reward-only": {"beta": 0.5},
+    "ggpo-bounded-push": {"beta": BETA, "push_bound": 4.2},  # cuts some of make_batch's responses, not all
     "rft": {},
     # Every framework preset: its parts, fixed by the registry.
     **{entry.name: dict(entry.fixed) for entry in CORRECTIONS},
@@ -241,6 +243,40 @@ def test_ggpo_clip_without_clipping_has_the_ggpo_gradient():
     batch = make_batch(seed=4)
     unclipped = grad_of(call("ggpo-clip", batch, clip=float("inf")).loss, batch["logp"])
     torch.testing.assert_close(unclipped, grad_of(call("ggpo", batch).loss, batch["logp"]), **TOL)
+
+
+def test_ggpo_bounded_push_drops_only_negative_coefficients_of_responses_b_nats_below_the_reference():
+    """c̃_i = c_i · 1[c_i ≥ 0 or s_i − s_i^ref > −B] (docs/learners.md), by hand from GGPO's c_i; the batch
+    has pushes dropped and kept on both sides of B, so a bound read off s_i alone, a cut of positive
+    coefficients or the full GGPO push all fail here."""
+    batch, bound = make_batch(seed=9), HYPER["ggpo-bounded-push"]["push_bound"]
+    lists = as_lists(batch)
+    _, J, c = hand_ggpo(lists, BETA)
+    log_ratio = [
+        seq_sum(lists["logp"], lists["mask"], i) - seq_sum(lists["ref_logp"], lists["mask"], i)
+        for i in range(len(c))
+    ]
+    cut = [c_i < 0 and lr <= -bound for c_i, lr in zip(c, log_ratio, strict=True)]
+    kept_negative = [c_i < 0 and lr > -bound for c_i, lr in zip(c, log_ratio, strict=True)]
+    assert sum(cut) >= 2 and sum(kept_negative) >= 2
+    out = call("ggpo-bounded-push", batch)
+    c_auto = response_coefficients(
+        grad_of(out.loss, batch["logp"]), batch["mask"], batch["mask"].sum().item()
+    )
+    expected = [0.0 if dropped else c_i for c_i, dropped in zip(c, cut, strict=True)]
+    torch.testing.assert_close(c_auto, torch.tensor(expected, dtype=torch.float64), **TOL)
+    torch.testing.assert_close(out.stats["group_loss"].value, torch.tensor(J, dtype=torch.float64), **TOL)
+    m = batch["m"]
+    shares = [sum(cut[g * m : g * m + m]) / m for g in range(len(c) // m)]
+    torch.testing.assert_close(out.stats["push_cut"].value, torch.tensor(shares, dtype=torch.float64), **TOL)
+
+
+def test_ggpo_bounded_push_without_a_bound_has_the_ggpo_gradient():
+    batch = make_batch(seed=4)
+    inputs = (batch["logp"], batch["ref_logp"], batch["mask"], batch["rewards"])
+    out = ggpo_bounded_push_loss(*inputs, group_size=batch["m"], beta=BETA, push_bound=float("inf"))
+    unbounded = grad_of(out.loss, batch["logp"])
+    torch.testing.assert_close(unbounded, grad_of(call("ggpo", batch).loss, batch["logp"]), **TOL)
 
 
 def test_agro_matches_spec():

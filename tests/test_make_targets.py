@@ -120,6 +120,33 @@ def test_an_arc_plan_larger_than_its_pool_is_refused_before_anything_runs(shaped
             )
 
 
+def test_arc_explain_needs_the_arc_runs_and_its_plans_fit_the_arc_pool(shaped, tmp_path):
+    """make arc-explain adds ablations to make arc's report: without make arc's runs it stops with one line
+    before any compare; with them, its four compares (beta 0.03, 0.1, 0.3; bounded push) fit the pool."""
+    (tmp_path / "pools").mkdir()
+    (tmp_path / "pools" / "arc.parquet").symlink_to(shaped / "pools" / "arc.parquet")
+    refused = subprocess.run(
+        ["make", "-s", "-f", str(REPO / "Makefile"), "-o", "setup", "arc-explain", f"VENV={REPO / '.venv'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode != 0
+    assert refused.stdout.strip() == "error: reports/arc holds no arc runs; run make arc first"
+    for part in ("first", "second"):
+        (tmp_path / "reports" / "arc" / part).mkdir(parents=True)
+        (tmp_path / "reports" / "arc" / part / "compare.json").write_text("{}")
+    plans = dry_run_every_plan("arc-explain", tmp_path)
+    assert len(plans) == 4 and all("dry run: nothing was written" in plan for plan in plans)
+    calls = make_calls("arc-explain", tmp_path)
+    # the two lanes run side by side, so their calls come in either order
+    assert sorted(call[call.index("--out") + 1] for call in calls if call[0] == "compare") == [
+        f"reports/arc/ablations/{name}" for name in ("beta-0.03", "beta-0.1", "beta-0.3", "bounded-push")
+    ]
+    assert calls[-1][0] == "arc-report"
+
+
 def test_the_default_pool_shape_is_the_committed_reports():
     groups, m, mixed = SHAPES["pools/base.parquet"]
     line = f"- {groups} groups × m = {m} = {groups * m} responses"

@@ -143,12 +143,14 @@ def test_tune_report_on_the_command_line(tmp_path):
 
 
 def test_a_preset_gives_each_learner_its_tuned_rate_and_a_flag_still_wins():
-    for method in LEARNERS:  # the core learners and the framework presets
-        expected = TUNED_LR.chosen.get(method, TUNED_LR.default)
+    for method in LEARNERS:  # the core learners and the framework presets; an ablation at its learner's rate
+        expected = TUNED_LR.chosen.get(LEARNERS[method].ablates or method, TUNED_LR.default)
         assert resolve_config("tiny", None, method=method).lr == expected, method
         assert resolve_config("arc", None, method=method).lr == expected, method
     assert resolve_config("tiny", None, method="ggpo", lr=1e-3).lr == 1e-3
     assert resolve_config("paper-offline", None, method="ggpo").lr == 1e-6  # SPEC's paper default
+    ablation = resolve_config("arc", None, method="ggpo-bounded-push")
+    assert ablation.lr == TUNED_LR.of("ggpo") != TUNED_LR.default
     # A preset value per learner resolves by the learner of this run, not by the first one or a default.
     rates = PerLearner(chosen={"grpo": 1e-4, "ggpo": 3e-5}, default=3e-4)
     PRESETS["per-learner-test"] = {"lr": rates}

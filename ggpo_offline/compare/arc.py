@@ -28,6 +28,7 @@ from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.inspect import pool_summary
+from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.run import RunFolder
 
 ABLATIONS_FILE = "ablations.md"
@@ -188,14 +189,16 @@ def ablation_runs(ablations: dict[str, list[RunRecord]]) -> dict:
 
 def ablation_table(counts: Counts, ablations: dict) -> str:
     """The paper's Table 6 axes on validation: each setting beside the default runs of the same method and
-    seeds (from ``counts``), at each run's final and peak (selected) checkpoint: the means over the seeds
-    both have and the paired difference setting − default, seed-calibrated (`stats.difference`); each
-    column's rows are one Holm family, and a row of one seed is "too few seeds"."""
+    seeds (from ``counts``; an ablation learner beside the learner it ablates), at each run's final and peak
+    (selected) checkpoint: the means over the seeds both have and the paired difference setting − default,
+    seed-calibrated (`stats.difference`); each column's rows are one Holm family, and a row of one seed is
+    "too few seeds"."""
     n = counts.n["validation"]
     arms: dict[tuple[str, str], list[tuple[int, dict, dict]]] = {}
     for run in ablations["runs"]:
-        if run["method"] in counts.methods and run["seed"] in counts.seeds:
-            default = evaluation_counts(counts, run["method"], run["seed"])
+        method = LEARNERS[run["method"]].ablates or run["method"]  # an ablation learner beside its learner
+        if method in counts.methods and run["seed"] in counts.seeds:
+            default = evaluation_counts(counts, method, run["seed"])
             arm = arms.setdefault((run["setting"], run["method"]), [])
             arm.append((run["seed"], run["evaluations"], default))
     rows, finals, peaks = [], [], []
@@ -244,6 +247,7 @@ def _mean(runs: list[dict], checkpoint: Callable, n: int) -> float:
 def _defaults_line(arms: dict[tuple[str, str], list[tuple[int, dict, dict]]], n: int) -> str:
     shown = {}
     for (_, method), runs in arms.items():
+        method = LEARNERS[method].ablates or method
         seeds, default = tuple(r[0] for r in runs), [r[2] for r in runs]
         shown[(method, seeds)] = (
             f"{display(method)} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: peak"

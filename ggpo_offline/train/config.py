@@ -51,6 +51,11 @@ class TrainConfig:
     clip: float = setting(
         0.05, f"c_clip: per-token clip of the learner-to-reference log ratio. {read_by('clip')}"
     )
+    push_bound: float = setting(
+        10.0,
+        "B (nats): a wrong response's push stops once its sequence log-ratio to π_ref is at or below −B "
+        f"(an ablation's setting, not tuned). {read_by('push_bound')}",
+    )
     ref_refresh: int | None | Literal["method-default"] = setting(
         METHOD_DEFAULT,
         f"T_ref: π_ref ← π_θ every N updates, or 'never' {ref_refresh_help()}",
@@ -264,7 +269,7 @@ def config_for(preset: str | None, chosen: dict) -> TrainConfig:
     preset_values = PRESETS.get(preset or "paper-offline", {})
     method = learner(chosen.get("method", preset_values.get("method", TrainConfig.method)))
     values = {
-        name: value.of(method.name) if isinstance(value, PerLearner) else value
+        name: value.of(method.ablates or method.name) if isinstance(value, PerLearner) else value
         for name, value in preset_values.items()
     }
     refuse_unread(chosen, (method,))
@@ -350,6 +355,7 @@ def _learner_checks(config: TrainConfig) -> list[tuple[bool, str]]:
         "tis_block": (config.tis_block >= 1, f"--tis-block must be >= 1, got {config.tis_block}"),
         "horizon": (config.horizon is None or config.horizon >= 0, "--horizon must be >= 0 or 'full'"),
         "cost_bound": (config.cost_bound > 0, f"--cost-bound must be > 0, got {config.cost_bound}"),
+        "push_bound": (config.push_bound > 0, f"--push-bound must be > 0, got {config.push_bound}"),
         "cispo_low": (
             0 <= config.cispo_low <= config.cispo_high,
             f"CISPO needs 0 <= --cispo-low <= --cispo-high, got {config.cispo_low}, {config.cispo_high}",

@@ -1,4 +1,5 @@
-"""The learner tables of README.md and docs/corrections.md, generated from the registry (never by hand)."""
+"""The learner tables of README.md, docs/learners.md (ablations) and docs/corrections.md, generated from the
+registry (never by hand)."""
 
 import sys
 from pathlib import Path
@@ -11,11 +12,14 @@ from ggpo_offline.train.learners import CORRECTIONS, PAPER_REF_REFRESH, REGISTRY
 
 README_BEGIN = "<!-- learners:begin -->"
 README_END = "<!-- learners:end -->"
+ABLATIONS_BEGIN = "<!-- ablations:begin -->"
+ABLATIONS_END = "<!-- ablations:end -->"
 CORRECTIONS_BEGIN = "<!-- corrections:begin -->"
 CORRECTIONS_END = "<!-- corrections:end -->"
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 CORRECTIONS_DOC = ROOT / "docs" / "corrections.md"
+LEARNERS_DOC = ROOT / "docs" / "learners.md"
 
 
 def _flag(setting: str) -> str:
@@ -40,8 +44,9 @@ def _refresh_cell(entry: Learner) -> str:
     return f"every {PAPER_REF_REFRESH}" if entry.refreshes_reference else "no (π0 unless given)"
 
 
-def markdown_table() -> str:
-    """The learner table of README.md, one row per registry entry (written between the README's markers by
+def markdown_table(ablations: bool = False) -> str:
+    """The learner table of README.md, one row per registry entry that is not an ablation, or with
+    ``ablations`` docs/learners.md's table of the ablations (written between the files' markers by
     `python -m ggpo_offline.train.learner_table`)."""
     header = [
         "method",
@@ -53,7 +58,7 @@ def markdown_table() -> str:
         "defined in",
     ]
     rows = []
-    for entry in REGISTRY:
+    for entry in (entry for entry in REGISTRY if (entry.ablates is not None) == ablations):
         cells = [
             f"`{entry.name}`",
             entry.label,
@@ -92,15 +97,24 @@ def with_learner_table(readme: str) -> str:
     return _with_block(readme, README_BEGIN, README_END, markdown_table(), "README.md")
 
 
+def with_ablations_table(doc: str) -> str:
+    """docs/learners.md's text with its generated block replaced by the ablations' table."""
+    table = markdown_table(ablations=True)
+    return _with_block(doc, ABLATIONS_BEGIN, ABLATIONS_END, table, "docs/learners.md")
+
+
 def with_corrections_table(doc: str) -> str:
     """docs/corrections.md's text with its generated block replaced by `corrections_table()`."""
     return _with_block(doc, CORRECTIONS_BEGIN, CORRECTIONS_END, corrections_table(), "docs/corrections.md")
 
 
 if __name__ == "__main__":
-    # A path given: that README only (tests); none: the repository's README and docs/corrections.md.
+    # A path given: that README only (tests); none: the repository's README, docs/learners.md and
+    # docs/corrections.md.
     targets = {Path(sys.argv[1]): with_learner_table} if len(sys.argv) > 1 else {
-        README: with_learner_table, CORRECTIONS_DOC: with_corrections_table
+        README: with_learner_table,
+        LEARNERS_DOC: with_ablations_table,
+        CORRECTIONS_DOC: with_corrections_table,
     }  # fmt: skip
     for path, rewrite in targets.items():
         path.write_text(rewrite(path.read_text()))

@@ -68,6 +68,9 @@ class Learner:
     bounds: dict[str, LowerBound] = field(default_factory=dict)
     """The valid range of each hyperparameter whose range differs by learner (β > 0 where the loss divides
     by β, β ≥ 0 where β = 0 is PG)."""
+    ablates: str | None = None
+    """The learner this one is an ablation of (an experiment's arm, not a method to choose): it takes that
+    learner's preset values (its tuned rate), and its row is in docs/learners.md, not the README's table."""
     preset: Preset | None = None
     """A framework's rollout correction (`ggpo_offline.train.corrections`): its loss also takes the
     minibatch's response count, for the per-sequence aggregations."""
@@ -97,7 +100,8 @@ class Learner:
 
 
 # Colours: the paper's Figure 4 (GRPO orange, GRPO+TIS purple dashed, AGRO green, GGPO blue).
-# Bounds: GGPO, GGPO-clip, AGRO and GGPO reward-only divide by β; the Proximal KL family is PG at β = 0.
+# Bounds: GGPO, GGPO-clip, AGRO, GGPO reward-only and bounded push divide by β; the Proximal KL family is PG
+# at β = 0.
 REGISTRY: tuple[Learner, ...] = (
     Learner(
         name="ggpo", label="GGPO", summary="group log-mean-exp of KL-adjusted rewards",
@@ -182,6 +186,15 @@ REGISTRY: tuple[Learner, ...] = (
         needs=(), hyperparameters=("beta",), bounds={"beta": POSITIVE}, refreshes_reference=False,
         formula="SPEC-beyond §5; GGPO paper App. D.6",
         style={"color": "#1f77b4", "linestyle": ":"},
+    ),
+    Learner(
+        name="ggpo-bounded-push", label="GGPO bounded push",
+        summary="ablation: GGPO, no push on a wrong response B nats below π_ref",
+        loss_name="ggpo_bounded_push_loss",
+        needs=("ref_logp",), hyperparameters=("beta", "push_bound"), bounds={"beta": POSITIVE},
+        refreshes_reference=True, ablates="ggpo",
+        formula="docs/learners.md \"An ablation\"; GGPO's c_i (paper Eq. 9) cut",
+        style={"color": "#1f77b4", "linestyle": "--"},
     ),
     Learner(
         name="rft", label="RFT", summary="NLL of the minibatch's correct responses",

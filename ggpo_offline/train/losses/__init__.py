@@ -2,9 +2,9 @@
 
 SPEC.md: GGPO, GGPO-clip, AGRO (`ggpo`), GRPO, GRPO+TIS (`grpo`). SPEC-beyond.md: Proximal KL (PG is its β = 0
 case), CISPO, sequence-level IS, IS-free (`proximal`), GGPO reward-only weights (`ggpo`). The RFT control
-(`rft`). The frameworks' rollout corrections (SPEC-corrections.md), composed from parts (`behavior`,
-`objectives`, `aggregation`) by `corrected`. What they share — the named result, its statistic kinds and the
-tensor helpers — is in `common`.
+(`rft`) and GGPO's bounded-push ablation (`ggpo`). The frameworks' rollout corrections (SPEC-corrections.md),
+composed from parts (`behavior`, `objectives`, `aggregation`) by `corrected`. What they share — the named
+result, its statistic kinds and the tensor helpers — is in `common`.
 
 Shape legend (every function): B = G·m responses in group-contiguous order (the m responses of group g are
 rows g·m … g·m + m − 1), G groups, m = group_size, T tokens.
@@ -35,7 +35,13 @@ from ggpo_offline.train.losses.common import (
     Stat,
 )
 from ggpo_offline.train.losses.corrected import corrected_loss
-from ggpo_offline.train.losses.ggpo import agro_loss, ggpo_clip_loss, ggpo_loss, ggpo_reward_only_loss
+from ggpo_offline.train.losses.ggpo import (
+    agro_loss,
+    ggpo_bounded_push_loss,
+    ggpo_clip_loss,
+    ggpo_loss,
+    ggpo_reward_only_loss,
+)
 from ggpo_offline.train.losses.grpo import grpo_loss, grpo_tis_loss
 from ggpo_offline.train.losses.proximal import (
     NonFiniteCoefficient,
@@ -58,6 +64,7 @@ __all__ = [
     "agro_loss",
     "cispo_loss",
     "corrected_loss",
+    "ggpo_bounded_push_loss",
     "ggpo_clip_loss",
     "ggpo_loss",
     "ggpo_reward_only_loss",

@@ -1,4 +1,5 @@
-"""GGPO and its kin: GGPO, GGPO-clip, AGRO (SPEC.md) and GGPO with reward-only weights (SPEC-beyond §5)."""
+"""GGPO and its kin: GGPO, GGPO-clip, AGRO (SPEC.md), GGPO with reward-only weights (SPEC-beyond §5) and
+GGPO with a bounded push (an ablation, docs/learners.md)."""
 
 import math
 
@@ -160,3 +161,45 @@ def ggpo_reward_only_loss(
     c = _ggpo_coefficient(q).flatten()
     loss = -(c * _seq_sum(logp, mask)).sum() / T_tok
     return LossOutput(loss, {"q": GroupWeights(q.flatten())})
+
+
+def ggpo_bounded_push_loss(
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    rewards: Tensor,
+    *,
+    group_size: int,
+    beta: float,
+    push_bound: float,
+    token_count: float | Tensor | None = None,
+) -> LossOutput:
+    """GGPO with a bounded push (an ablation, docs/learners.md): GGPO's coefficients, where a negative one is
+    kept only while its response's sequence log-ratio to π_ref is above −B (``push_bound``, nats).
+
+        R_i  = r_i − β (s_i − s_i^ref);   q = softmax_i(R_i/β);   c_i = (m q_i − 1)/sqrt(m−1)   (Eq. 9)
+        c̃_i  = c_i · 1[c_i ≥ 0  or  s_i − s_i^ref > −B]
+        L    = −(1/T_tok) Σ_i sg[c̃_i] · s_i
+
+    GGPO keeps pushing a wrong response down until its log-ratio lies ~1/β nats below a right one's (q_i
+    stays ≈ 0, so c_i ≈ −1/sqrt(m−1)); here the push stops B nats below π_ref. With B = inf the gradient
+    equals `ggpo_loss`'s. The loss value is the surrogate. No behavior log-probs, no importance weight.
+
+    stats: q [B], group_loss J_g [G] (as GGPO's), push_cut [G] (each group's share of responses whose
+    negative coefficient was dropped).
+    """
+    _check_groups(rewards, group_size)
+    m, T_tok = group_size, _token_count(mask, token_count, logp)
+    s = _seq_sum(logp, mask)  # [B]
+    log_ratio = s.detach() - _seq_sum(ref_logp, mask)  # [B]
+    R = _groups(rewards - beta * log_ratio, m)  # [G, m]
+    q = torch.softmax(R / beta, dim=1)  # [G, m]
+    c = _ggpo_coefficient(q).flatten()  # [B]
+    cut = (c < 0) & (log_ratio <= -push_bound)  # [B]
+    loss = -(torch.where(cut, 0.0, c) * s).sum() / T_tok
+    stats = {
+        "q": GroupWeights(q.flatten()),
+        "group_loss": GroupMean(_log_mean_exp_gap(R, beta)),
+        "push_cut": GroupMean(_groups(cut.to(logp.dtype), m).mean(dim=1)),
+    }
+    return LossOutput(loss, stats)
