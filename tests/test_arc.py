@@ -12,6 +12,7 @@ from conftest import synthetic_metadata, write_synthetic_pool
 from test_cli import assert_one_error_line, ggpo_here
 from test_report import _record, _report, refuse_reading_back
 
+from ggpo_offline.compare import arc as arc_module
 from ggpo_offline.compare.arc import _records, ablation_runs, ablation_table, arc_report, styles_table
 from ggpo_offline.compare.comparison import MARKER
 from ggpo_offline.compare.config import ArcConfig
@@ -239,10 +240,27 @@ TRAIN_SETTINGS = {
 }
 
 
+class _Engine:
+    """A stand-in for the engine arc-report starts once for every style measure: records what it started
+    on and whether it was closed."""
+
+    def __init__(self, name: str, model_dir: Path):
+        self.started, self.closed = (name, str(model_dir)), False
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def _fake_measure_styles(monkeypatch) -> list[tuple]:
     """measure_styles replaced by one that records its calls; a stand-in module, since the real one imports
-    torch and samples the model."""
+    torch and samples the model; the engine that serves them all is a stand-in too (first in the list)."""
     calls = []
+
+    def start(name: str, model_dir: Path) -> _Engine:
+        calls.append(_Engine(name, model_dir))
+        return calls[-1]
+
+    monkeypatch.setattr(arc_module, "_styles_engine", start)
 
     def measure_styles(model_dir: Path, **settings) -> dict:
         calls.append((str(model_dir), settings))
@@ -302,7 +320,9 @@ def test_the_arc_report_writes_every_file_and_its_tables_come_back_from_the_coun
     # Styles of seed 42: the base model, then each run's selected and final checkpoint (once when equal).
     grpo, ggpo_run = RunFolder(first / "runs" / "grpo-s42"), RunFolder(second / "runs" / "ggpo-s42")
     models = [BASE_MODEL, str(grpo.checkpoint(4)), str(grpo.checkpoint(8)), str(ggpo_run.checkpoint(8))]
-    settings = {"n_problems": 16, "forced": False, "split": "validation"}
+    engine, *calls = calls  # one vllm engine, started on the base model, serves every checkpoint
+    assert engine.started == ("vllm", BASE_MODEL) and engine.closed
+    settings = {"n_problems": 16, "forced": False, "split": "validation", "engine": engine}
     assert calls == [(model, settings) for model in models]
     keys = ["base model @ 0", "GRPO @ 4", "GRPO @ 8", "GGPO @ 8"]
     assert json.loads((out / "styles.json").read_text()) == dict.fromkeys(keys, MEASURED)

@@ -346,3 +346,23 @@ def test_the_card_command_rewrites_only_the_measured_section(monkeypatch, tmp_pa
         f"error: --card {card}: no measured section to replace (it needs the lines {BEGIN} and {END})\n"
     )
     assert card.read_text() == "# Card without a measured section\n"
+
+
+def test_a_started_engine_samples_the_style_measures_reproducibly_and_forces_each_marker(
+    vllm_engine, tiny_dir
+):
+    """arc-report samples its style measures with one vLLM engine for every checkpoint: the same call gives
+    the same responses, a forced marker opens every response, and free sampling shows several styles."""
+    from ggpo_offline.organism.measure import sample_responses
+
+    items = arith_items("validation", 8, 0)
+    free = sample_responses(tiny_dir, items, 4, engine=vllm_engine)
+    assert free == sample_responses(tiny_dir, items, 4, engine=vllm_engine)
+    assert [len(responses) for responses in free] == [4] * 8
+    assert len({style_of(r) for responses in free for r in responses}) >= 2
+    for style in STYLES:
+        forced = sample_responses(tiny_dir, items, 2, prefix=style.marker, engine=vllm_engine)
+        assert {style_of(r) for responses in forced for r in responses} == {style.name}
+        assert all(r.startswith(style.marker) and len(r) > len(style.marker) for g in forced for r in g)
+    report = measure_styles(tiny_dir, n_problems=8, m=4, forced=False, engine=vllm_engine)
+    assert report["n_problems"] == 8 and abs(sum(s["share"] for s in report["styles"].values()) - 1) < 1e-9

@@ -60,7 +60,7 @@ def arc_report(config: ArcConfig) -> Path:
         ablations = earlier.read_text() if earlier.is_file() else None
     by_run = {(r.method, r.seed): r for r in records}
     chosen = [by_run[(m, config.styles_seed)] for m in config.methods if (m, config.styles_seed) in by_run]
-    styles = styles_along(chosen, config.styles_problems, out / "styles.json")
+    styles = styles_along(chosen, config.styles_problems, out / "styles.json", config.styles_engine)
     (out / STYLES_FILE).write_text(styles)
     write_readme(config, records, report, ablations, styles)
     return out
@@ -261,19 +261,37 @@ def _defaults_line(arms: dict[tuple[str, str], list[tuple[int, dict, dict]]], n:
     )
 
 
-def styles_along(records: list[RunRecord], problems: int, json_out: Path) -> str:
+def styles_along(records: list[RunRecord], problems: int, json_out: Path, engine_name: str = "hf") -> str:
     """`measure-styles --no-forced` on validation at update 0, each run's selected checkpoint and its final
-    one: which behaviours a learner moves to, including output no style of the pool opens with ("other")."""
+    one: which behaviours a learner moves to, including output no style of the pool opens with ("other").
+    ``engine_name`` vllm: one engine samples for every checkpoint (hf: `generate` per checkpoint)."""
     from ggpo_offline.organism.measure import measure_styles
 
     measured: dict[str, dict] = {}
     initial = Path(records[0].evals[0].settings["model"]["path"])  # what update 0 evaluated
     rows = [("base model", 0, initial), *_checkpoints(records)]
-    for label, update, model_dir in rows:
-        key = f"{label} @ {update}"
-        measured[key] = measure_styles(model_dir, n_problems=problems, forced=False, split="validation")
+    engine = _styles_engine(engine_name, initial)
+    try:
+        for label, update, model_dir in rows:
+            settings = {"n_problems": problems, "forced": False, "split": "validation", "engine": engine}
+            measured[f"{label} @ {update}"] = measure_styles(model_dir, **settings)
+    finally:
+        if engine is not None:
+            engine.close()
     json_out.write_text(json.dumps(measured, indent=2) + "\n")
     return styles_table(measured, problems, records[0].seed)
+
+
+def _styles_engine(name: str, model_dir: Path):
+    """A vLLM engine on ``model_dir`` with room for the model's whole context, or None for hf."""
+    if name == "hf":
+        return None
+    from transformers import AutoConfig
+
+    from ggpo_offline.generate.engines import load_engine
+
+    context = AutoConfig.from_pretrained(model_dir).max_position_embeddings
+    return load_engine(name, model_dir, "auto", context, seed=0)
 
 
 def _checkpoints(records: list[RunRecord]) -> list[tuple[str, int, Path]]:

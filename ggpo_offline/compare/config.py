@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggpo_offline.core.settings import setting
+from ggpo_offline.generate.engines.base import EngineName
 
 DEFAULT_METHODS = ("grpo", "grpo-tis", "agro", "ggpo")
 DEFAULT_SEEDS = (42, 1234, 2027)
@@ -66,6 +67,9 @@ class ArcConfig:
     ceilings: Path | None = setting(None, CEILINGS_HELP)
     styles_seed: int = setting(42, "Seed whose runs are measured with measure-styles along the arc.")
     styles_problems: int = setting(128, "Validation problems of each measure-styles (x 8 samples).")
+    styles_engine: EngineName = setting(
+        "vllm", "Engine that samples the style measures: one engine serves every checkpoint (hf: generate)."
+    )
     out: Path = setting(Path("reports/arc"), "Report folder.")
 
 

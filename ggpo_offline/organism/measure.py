@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ggpo_offline.generate.arith import ArithItem, Split, arith_items
-from ggpo_offline.generate.engines.base import DEFAULT_MAX_TOKENS
+from ggpo_offline.generate.engines.base import DEFAULT_MAX_TOKENS, Engine, SamplingSettings, prompt_seed
 from ggpo_offline.generate.rewards import score_response
 from ggpo_offline.organism.ceilings import selection_ceilings
 from ggpo_offline.organism.styles import PROMPT_CLASSES, STYLES, prompt_class, style_of
@@ -23,17 +23,25 @@ def sample_responses(
     temperature: float = 1.0,
     max_new_tokens: int = DEFAULT_MAX_TOKENS,
     prefix: str = "",
+    engine: Engine | None = None,
 ) -> list[list[str]]:
-    """``m`` sampled responses per problem (hf ``generate``); a ``prefix`` is forced as their first characters
-    and is part of each returned response."""
+    """``m`` sampled responses per problem (hf ``generate``, or ``engine`` given ``model_dir``'s weights: one
+    started engine serves every checkpoint); a ``prefix`` is forced as their first characters and is part of
+    each returned response."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+    prompts = [prompt_ids(tokenizer, item.question) + prefix_ids for item in items]
+    if engine is not None:
+        engine.load_weights(model_dir)
+        sampling = SamplingSettings(m=m, temperature=temperature, max_tokens=max_new_tokens, seed=seed)
+        seeds = [prompt_seed(seed, str(index)) for index in range(len(prompts))]
+        groups = engine.generate(prompts, seeds, sampling)
+        return [[prefix + tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in g] for g in groups]
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     model.eval()
     torch.manual_seed(seed)
-    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
     # Same-length prompts batch together without padding, so no left-padding subtleties arise.
     by_length: dict[int, list[int]] = defaultdict(list)
-    prompts = [prompt_ids(tokenizer, item.question) + prefix_ids for item in items]
     for index, ids in enumerate(prompts):
         by_length[len(ids)].append(index)
     responses: list[list[str]] = [[] for _ in items]
@@ -66,6 +74,7 @@ def measure_styles(
     problem_seed: int = 0,
     forced: bool = True,
     split: Split = "validation",
+    engine: Engine | None = None,
 ) -> dict:
     """Each style's share and accuracy, overall, per level and per prompt class; with ``forced``, each style's
     accuracy and response lengths when forced, and the two ceilings of selection.
@@ -75,10 +84,10 @@ def measure_styles(
     first characters and sampling the rest gives its accuracy alone. The **prompt-blind ceiling** is the best
     single style's forced accuracy (what a learner reaches by one choice everywhere); the **prompt-aware
     ceiling** takes the best forced style in each prompt class (what selection conditioned on the prompt can
-    reach).
+    reach). ``engine``: a started engine samples instead of hf ``generate`` (`sample_responses`).
     """
     items = arith_items(split, n_problems, problem_seed)
-    free = sample_responses(model_dir, items, m, seed, max_new_tokens=max_new_tokens)
+    free = sample_responses(model_dir, items, m, seed, max_new_tokens=max_new_tokens, engine=engine)
     report = {
         "model": str(model_dir),
         "split": split,
@@ -96,7 +105,7 @@ def measure_styles(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     for style in STYLES:
         responses = sample_responses(
-            model_dir, items, m, seed, max_new_tokens=max_new_tokens, prefix=style.marker
+            model_dir, items, m, seed, max_new_tokens=max_new_tokens, prefix=style.marker, engine=engine
         )
         scores = _style_scores(items, responses)
         report["forced"][style.name] = scores["accuracy"]
