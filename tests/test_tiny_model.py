@@ -281,7 +281,7 @@ def test_measure_styles_command_passes_its_split(monkeypatch):
         assert received[-1]["split"] == split
 
 
-def _style_by_class_sampling(model_dir, items, m, seed=0, max_new_tokens=0, prefix=""):
+def _style_by_class_sampling(model_dir, items, m, seed=0, max_new_tokens=0, prefix="", engine=None):
     """Fake sampling: forced quick is right on flat problems only, forced careful on nested ones only, a draft
     never; free sampling opens half the responses with each of quick and draft."""
 

@@ -28,7 +28,7 @@ from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.inspect import pool_summary
-from ggpo_offline.train.learners import LEARNERS
+from ggpo_offline.train.learners import learner
 from ggpo_offline.train.run import RunFolder
 
 ABLATIONS_FILE = "ablations.md"
@@ -196,7 +196,7 @@ def ablation_table(counts: Counts, ablations: dict) -> str:
     n = counts.n["validation"]
     arms: dict[tuple[str, str], list[tuple[int, dict, dict]]] = {}
     for run in ablations["runs"]:
-        method = LEARNERS[run["method"]].ablates or run["method"]  # an ablation learner beside its learner
+        method = learner(run["method"]).ablates or run["method"]  # an ablation learner beside its learner
         if method in counts.methods and run["seed"] in counts.seeds:
             default = evaluation_counts(counts, method, run["seed"])
             arm = arms.setdefault((run["setting"], run["method"]), [])
@@ -247,7 +247,7 @@ def _mean(runs: list[dict], checkpoint: Callable, n: int) -> float:
 def _defaults_line(arms: dict[tuple[str, str], list[tuple[int, dict, dict]]], n: int) -> str:
     shown = {}
     for (_, method), runs in arms.items():
-        method = LEARNERS[method].ablates or method
+        method = learner(method).ablates or method
         seeds, default = tuple(r[0] for r in runs), [r[2] for r in runs]
         shown[(method, seeds)] = (
             f"{display(method)} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: peak"
