@@ -26,6 +26,7 @@ from ggpo_offline.compare.runs import (
 from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.generate.engines.base import EngineName
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.train.learners import learner
@@ -261,7 +262,7 @@ def _defaults_line(arms: dict[tuple[str, str], list[tuple[int, dict, dict]]], n:
     )
 
 
-def styles_along(records: list[RunRecord], problems: int, json_out: Path, engine_name: str = "hf") -> str:
+def styles_along(records: list[RunRecord], problems: int, json_out: Path, engine_name: EngineName) -> str:
     """`measure-styles --no-forced` on validation at update 0, each run's selected checkpoint and its final
     one: which behaviours a learner moves to, including output no style of the pool opens with ("other").
     ``engine_name`` vllm: one engine samples for every checkpoint (hf: `generate` per checkpoint)."""
@@ -282,7 +283,7 @@ def styles_along(records: list[RunRecord], problems: int, json_out: Path, engine
     return styles_table(measured, problems, records[0].seed)
 
 
-def _styles_engine(name: str, model_dir: Path):
+def _styles_engine(name: EngineName, model_dir: Path):
     """A vLLM engine on ``model_dir`` with room for the model's whole context, or None for hf."""
     if name == "hf":
         return None
