@@ -191,9 +191,10 @@ def ablation_runs(ablations: dict[str, list[RunRecord]]) -> dict:
 def ablation_table(counts: Counts, ablations: dict) -> str:
     """The paper's Table 6 axes on validation: each setting beside the default runs of the same method and
     seeds (from ``counts``; an ablation learner beside the learner it ablates), at each run's final and peak
-    (selected) checkpoint: the means over the seeds both have and the paired difference setting − default,
-    seed-calibrated (`stats.difference`); each column's rows are one Holm family, and a row of one seed is
-    "too few seeds"."""
+    (selected) checkpoint: the means over the seeds both have, the setting's own fall (peak − final, paired
+    within each run: does it still collapse?) and the paired differences setting − default, seed-calibrated
+    (`stats.difference`); each column's rows are one Holm family, and a row of one seed is "too few
+    seeds"."""
     n = counts.n["validation"]
     arms: dict[tuple[str, str], list[tuple[int, dict, dict]]] = {}
     for run in ablations["runs"]:
@@ -202,21 +203,23 @@ def ablation_table(counts: Counts, ablations: dict) -> str:
             default = evaluation_counts(counts, method, run["seed"])
             arm = arms.setdefault((run["setting"], run["method"]), [])
             arm.append((run["seed"], run["evaluations"], default))
-    rows, finals, peaks = [], [], []
+    rows, falls, finals, peaks = [], [], [], []
     for (setting, method), runs in arms.items():
         ablated, default = [r[1] for r in runs], [r[2] for r in runs]
+        falls.append(stats.difference(_at(ablated, _peak, n), _at(ablated, _final, n), n))
         finals.append(stats.difference(_at(ablated, _final, n), _at(default, _final, n), n))
         peaks.append(stats.difference(_at(ablated, _peak, n), _at(default, _peak, n), n))
         updates = ", ".join(_peak(evaluations, n) for evaluations in ablated)
         means = (_mean(ablated, _peak, n), _mean(ablated, _final, n))
         rows.append([setting, display(method), len(runs), f"{means[0]:.2f} ({updates})", f"{means[1]:.2f}"])
-    for row, final, peak in zip(rows, stats.judge(finals), stats.judge(peaks), strict=True):
-        row += [final.text(), peak.text()]
-    header = ["setting", "method", "seeds", "peak (updates)", "final", "final − default final [95 %]"]
+    for row, *judged in zip(rows, *map(stats.judge, (falls, finals, peaks)), strict=True):
+        row += [interval.text() for interval in judged]
+    header = ["setting", "method", "seeds", "peak (updates)", "final", "peak − final [95 %]"]
+    header += ["final − default final [95 %]", "peak − default peak [95 %]"]
     lines = [
         "### Ablations on validation (mean@n %, mean over seeds): peak and final beside the default settings",
         "",
-        *markdown.table([*header, "peak − default peak [95 %]"], rows, "llrrrrr"),
+        *markdown.table(header, rows, "llrrrrrr"),
         "",
         _defaults_line(arms, n),
         "",
@@ -258,7 +261,9 @@ def _defaults_line(arms: dict[tuple[str, str], list[tuple[int, dict, dict]]], n:
         "Default settings (the arc preset), on the same seeds: " + "; ".join(shown.values()) + ". Each"
         " difference is paired by seed and problem, its interval t on seeds − 1 df (`compare/stats.py`), and"
         " each column's rows are one family (Holm). A row of one seed is over problems only and describes the"
-        " two runs: too few seeds for a verdict about the setting."
+        " two runs: too few seeds for a verdict about the setting. peak − final is the setting's own fall"
+        " from its best validation evaluation; the peak is a maximum over evaluations, so the fall leans high"
+        " (a small one resolved is weak evidence; none at all, [+0.00, +0.00], is the peak being the last)."
     )
 
 
