@@ -206,9 +206,10 @@ def ablation_table(counts: Counts, ablations: dict) -> str:
     rows, falls, finals, peaks = [], [], [], []
     for (setting, method), runs in arms.items():
         ablated, default = [r[1] for r in runs], [r[2] for r in runs]
-        falls.append(stats.difference(_at(ablated, _peak, n), _at(ablated, _final, n), n))
-        finals.append(stats.difference(_at(ablated, _final, n), _at(default, _final, n), n))
-        peaks.append(stats.difference(_at(ablated, _peak, n), _at(default, _peak, n), n))
+        at_peak, at_final = _at(ablated, _peak, n), _at(ablated, _final, n)
+        falls.append(stats.difference(at_peak, at_final, n))
+        finals.append(stats.difference(at_final, _at(default, _final, n), n))
+        peaks.append(stats.difference(at_peak, _at(default, _peak, n), n))
         updates = ", ".join(_peak(evaluations, n) for evaluations in ablated)
         means = (_mean(ablated, _peak, n), _mean(ablated, _final, n))
         rows.append([setting, display(method), len(runs), f"{means[0]:.2f} ({updates})", f"{means[1]:.2f}"])
