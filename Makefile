@@ -4,7 +4,6 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-comma := ,
 ENGINE_STAMP := $(VENV)/.engine-$(if $(GPU),gpu,cpu)
 PROJECT_STAMP := $(VENV)/.project
 POOL ?= pools/base.parquet
@@ -36,65 +35,63 @@ $(PROJECT_STAMP): $(ENGINE_STAMP) pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
 
-# Two compares writing into one report folder side by side, one a core (one torch thread, vLLM pinned: vLLM's
-# CPU engine binds the threads of the process it runs in); the second starts once the first has claimed the
-# folder. $(call side_by_side,COMMAND,FIRST'S FLAGS,SECOND'S FLAGS,FOLDER)
+# One compare run twice side by side, one a core (one torch thread, vLLM pinned: vLLM's CPU engine binds the
+# threads of the process it runs in): the two share its runs (each trains the next run the other has not
+# claimed, then waits for the other's last one) and each writes the whole report, one after the other.
+# $(call side_by_side,COMMAND)
 define side_by_side
-( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); $(1) $(2) ) & first=$$!; \
-while [ ! -f $(4)/compare.json ] && kill -0 $$first 2>/dev/null; do sleep 1; done; \
-( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); $(1) $(3) ); \
+( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); $(1) ) & first=$$!; \
+( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); $(1) ); \
 second=$$?; wait $$first && [ $$second -eq 0 ]
 endef
 
-# The main job on the embedded default: a pool (if absent), then four methods x five seeds on it, evaluated on
-# 64 problems x 2 samples (validation and test): what `ggpo compare --budget`'s model buys with the demo's
+# The main job on the embedded default: its pool (if absent), then four methods x five seeds on it, evaluated
+# on 64 problems x 2 samples (validation and test): what `ggpo compare --budget`'s model buys with the demo's
 # 25 core-minutes from the five-seed demo's validation variance, where runs differing dominated (81 %;
-# docs/statistics.md "spending a budget"); 2 samples: the fewest that still show the sampling spread. Two
-# compares side by side, each training two of the methods for every seed; a last compare reuses every run
-# and writes the report.
+# docs/statistics.md "spending a budget"); 2 samples: the fewest that still show the sampling spread. The
+# pool: the default pool's first 256 prompts (the same responses, bit for bit: one engine batch of the
+# default --batch-prompts), 249 mixed groups for the 160 a seed trains on, in half the sampling and pi0
+# scoring of the 500 (docs/results.md, "make demo").
+DEMO_POOL ?= pools/demo.parquet
+DEMO_PROMPTS ?= 256
 DEMO_SEEDS ?= 42,1234,2027,1,2
-DEMO_FIRST ?= grpo,grpo-tis
-DEMO_SECOND ?= agro,ggpo
-DEMO := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(DEMO_SEEDS) --eval-n 2 \
+DEMO := $(BIN)/ggpo compare --pool $(DEMO_POOL) --preset tiny --seeds $(DEMO_SEEDS) --eval-n 2 \
 	--eval-num-problems 64 --test-num-problems 64 --threads 1 --ceilings $(CEILINGS)
-DEMO_OUT := reports/$(basename $(notdir $(POOL)))
 demo: setup
-	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
-	else $(BIN)/ggpo generate-pool --out $(POOL); fi
-	$(BIN)/ggpo pool validate $(POOL)
-	$(BIN)/ggpo pool score $(POOL)
-	$(call side_by_side,$(DEMO),--methods $(DEMO_FIRST),--methods $(DEMO_SECOND),$(DEMO_OUT))
-	$(DEMO) --methods $(DEMO_FIRST),$(DEMO_SECOND)
+	@if [ -f $(DEMO_POOL) ]; then echo "$(DEMO_POOL) exists; keeping it (delete it to regenerate)"; \
+	else $(BIN)/ggpo generate-pool --num-prompts $(DEMO_PROMPTS) --out $(DEMO_POOL); fi
+	$(BIN)/ggpo pool validate $(DEMO_POOL)
+	$(BIN)/ggpo pool score $(DEMO_POOL)
+	$(call side_by_side,$(DEMO))
 
 # The second paper's learners beside GGPO, GRPO and GRPO+TIS on the same pool and plan (docs/beyond/), ten
-# seeds at 128 problems x 2 samples: two compares side by side, five seeds each, then one that reuses every
-# run and writes the report.
+# seeds at 128 problems x 2 samples, on both cores.
 BEYOND_METHODS ?= proximal-kl,pg,cispo,seq-is,is-free,rft,ggpo,grpo,grpo-tis
-BEYOND_FIRST ?= 42,1234,2027,1,2
-BEYOND_SECOND ?= 3,4,5,6,7
-BEYOND := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --methods $(BEYOND_METHODS) --eval-n 2 --threads 1 \
-	--ceilings $(CEILINGS) --out reports/beyond
+BEYOND_SEEDS ?= 42,1234,2027,1,2,3,4,5,6,7
+BEYOND := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --methods $(BEYOND_METHODS) --seeds $(BEYOND_SEEDS) \
+	--eval-n 2 --threads 1 --ceilings $(CEILINGS) --out reports/beyond
 beyond: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
-	$(call side_by_side,$(BEYOND),--seeds $(BEYOND_FIRST),--seeds $(BEYOND_SECOND),reports/beyond)
-	$(BEYOND) --seeds $(BEYOND_FIRST),$(BEYOND_SECOND)
+	$(BIN)/ggpo pool score $(POOL)
+	$(call side_by_side,$(BEYOND))
 
 # The frameworks' rollout corrections side by side on the same pool and plan (docs/corrections/): one preset
-# of each distinct part (docs/corrections.md lists all 43; any of them can be named here) and GRPO, the
-# toolkit's PPO on π_θ/μ, at 128 problems x 2 samples, seven seeds. Each preset at its rate from
-# `make tune-corrections` (TUNED_LR). Two compares side by side, then one that reuses every run and writes
-# the report.
+# of each distinct part (docs/corrections.md lists all 43; any of them can be named in CORRECTIONS_FIRST or
+# _SECOND, the halves `make tune-corrections` tunes side by side) and GRPO, the toolkit's PPO on π_θ/μ, at
+# 128 problems x 2 samples, seven seeds, on both cores. Each preset at its rate from `make tune-corrections`
+# (TUNED_LR).
 CORRECTIONS_FIRST ?= verl-decoupled-token-is,verl-decoupled-seq-is,verl-decoupled-geo-rs,verl-bypass-ppo-clip,verl-bypass-pg-is,trl-sequence-mask
 CORRECTIONS_SECOND ?= trl-cispo,openrlhf-icepop,prime-rl,verl-gspo,verl-sapo,roll-topr,areal-m2po
 CORRECTIONS_SEEDS ?= 42,1234,2027,1,2,3,4
 CORRECTIONS := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(CORRECTIONS_SEEDS) --eval-n 2 \
-	--threads 1 --ceilings $(CEILINGS) --out reports/corrections
+	--threads 1 --ceilings $(CEILINGS) --out reports/corrections \
+	--methods grpo,$(CORRECTIONS_FIRST),$(CORRECTIONS_SECOND)
 corrections: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
-	$(call side_by_side,$(CORRECTIONS),--methods grpo$(comma)$(CORRECTIONS_FIRST),--methods $(CORRECTIONS_SECOND),reports/corrections)
-	$(CORRECTIONS) --methods grpo,$(CORRECTIONS_FIRST),$(CORRECTIONS_SECOND)
+	$(BIN)/ggpo pool score $(POOL)
+	$(call side_by_side,$(CORRECTIONS))
 
 # How each learner's learning rate was chosen (docs/tuning/): every learner of the reports at three rates,
 # three seeds, the tiny preset at 128 problems x 2 samples otherwise, judged on validation only

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import count_pool_passes, read_metric_series
 
+from ggpo_offline.compare import comparison
 from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
 from ggpo_offline.compare.figures import CHECKPOINT_FIGURES
 from ggpo_offline.compare.report import FIGURES, Counts, RunRecord, check_data_plans, write_tables
@@ -16,6 +17,13 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.run import RunResult
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _refuse(name: str):
+    def refused(*args, **kwargs):
+        raise AssertionError(f"{name} called")
+
+    return refused
 
 
 def _record(method: str, seed: int, plan: str = "plan", pool: str = "pool") -> RunRecord:
@@ -193,7 +201,40 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     older = json.loads(saved_config.read_text())
     del older["eval_gpu_memory_fraction"]
     saved_config.write_text(json.dumps(older))
-    assert compare(config, engine=vllm_engine).actions["grpo-s1"] == "reuse"
+    # A compare that only reuses runs (the report of two compares run side by side) reads no benchmark and
+    # scores no π0: it starts no evaluator.
+    with monkeypatch.context() as guard:
+        for name in ("Evaluator", "score_pi0"):
+            guard.setattr(comparison, name, _refuse(name))
+        assert compare(config, engine=vllm_engine).actions["grpo-s1"] == "reuse"
     rerun = compare(replace(config, seeds=(1,), rerun=True), engine=vllm_engine)  # one seed's runs suffice
     assert rerun.actions == {"grpo-s1": "replace", "ggpo-s1": "replace"}
     assert [r.metrics for r in rerun.records] == [r.metrics for r in result.records if r.seed == 1]
+
+
+def test_a_run_another_compare_trained_meanwhile_is_reused(vllm_pool, vllm_engine, tmp_path):
+    """Two compares side by side on one report folder (`make demo`) train each run once: one that another
+    compare finished after this one planned it (here: while it starts its first run) is reused."""
+    settings = {
+        "updates": 2,
+        "groups_per_batch": 2,
+        "eval_every": 2,
+        "eval_n": 2,
+        "eval_num_problems": 4,
+        "test_num_problems": 4,
+        "no_tracking": True,
+    }
+    config = CompareConfig(
+        pool=vllm_pool, methods=("grpo",), seeds=(2, 1), preset="tiny", settings=settings, out=tmp_path / "r"
+    )
+    beside = {}
+
+    def on_run(position, total, run):
+        if run.config.run_name == "grpo-s2":  # meanwhile, the other compare trains grpo-s1
+            beside["result"] = compare(replace(config, seeds=(1,)), engine=vllm_engine)
+
+    result = compare(config, on_run=on_run, engine=vllm_engine)
+    assert beside["result"].actions == {"grpo-s1": "train"}
+    assert result.actions == {"grpo-s2": "train", "grpo-s1": "reuse"}
+    assert result.records[1].metrics == beside["result"].records[0].metrics
+    assert "| grpo-s1 | reused |" in (tmp_path / "r" / "README.md").read_text()

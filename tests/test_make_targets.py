@@ -17,9 +17,11 @@ from test_cli import ggpo_here
 from ggpo_offline.core.model_io import load_tokenizer, tiny_model_dir, tokenizer_sha256
 
 SHAPES = {
-    # The default pool: 500 groups x 8 of which 486 have mixed rewards, as docs/demo's pool section (and
-    # docs/beyond's) records them; `test_the_default_pool_shape_is_the_committed_reports` keeps them equal.
+    # The default pool: 500 groups x 8 of which 486 have mixed rewards, and the demo's, its first 256 prompts
+    # (249 mixed), as docs/beyond's and docs/demo's pool sections record them;
+    # `test_the_pool_shapes_are_the_committed_reports` keeps them equal.
     "pools/base.parquet": (500, 8, 486),
+    "pools/demo.parquet": (256, 8, 249),
     # The arc pool (1024 prompts x 8): 998 mixed groups, measured in the footer of the pool `make arc`'s
     # command generated (`ggpo generate-pool --num-prompts 1024`, 2026-12-05; the arc report does not
     # record it). Its 60 updates x 8 groups use 480 per seed, so even doubled (960) they fit.
@@ -92,19 +94,31 @@ def shaped(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "target, compares",
-    [("demo", 3), ("beyond", 3), ("corrections", 3), ("tune-lr", 6), ("tune-corrections", 6), ("arc", 3)],
+    [("demo", 2), ("beyond", 2), ("corrections", 2), ("tune-lr", 6), ("tune-corrections", 6), ("arc", 3)],
 )
 def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares):
     plans = dry_run_every_plan(target, shaped)
     assert len(plans) == compares
     assert all("dry run: nothing was written" in plan for plan in plans)
     written = sorted(str(p.relative_to(shaped)) for p in shaped.rglob("*") if p.parent.name != "bin")
-    expected = ["bin", "calls.jsonl", "pools", *(f"pools/{name}" for name in ("arc.parquet", "base.parquet"))]
+    expected = [
+        "bin",
+        "calls.jsonl",
+        "pools",
+        *(f"pools/{name}" for name in ("arc.parquet", "base.parquet", "demo.parquet")),
+    ]
     # Nothing but make arc's own `mkdir -p` of its ablations folder: no report, run or MLflow store.
     assert [p for p in written if p not in expected] in (
         [],
         ["reports", "reports/arc", "reports/arc/ablations"],
     )
+
+
+@pytest.mark.parametrize("target", ["demo", "beyond", "corrections"])
+def test_a_side_by_side_target_runs_one_compare_on_each_core(shaped, target):
+    """The two cores run the same command and share its runs (`compare/sharing.py`): no fixed half each."""
+    compares = [call for call in make_calls(target, shaped) if call[0] == "compare"]
+    assert len(compares) == 2 and compares[0] == compares[1]
 
 
 def test_an_arc_plan_larger_than_its_pool_is_refused_before_anything_runs(shaped):
@@ -147,11 +161,11 @@ def test_arc_explain_needs_the_arc_runs_and_its_plans_fit_the_arc_pool(shaped, t
     assert calls[-1][0] == "arc-report"
 
 
-def test_the_default_pool_shape_is_the_committed_reports():
-    groups, m, mixed = SHAPES["pools/base.parquet"]
-    line = f"- {groups} groups × m = {m} = {groups * m} responses"
-    for report in ("demo", "beyond"):
+def test_the_pool_shapes_are_the_committed_reports():
+    for report, pool in (("demo", "pools/demo.parquet"), ("beyond", "pools/base.parquet")):
+        groups, m, mixed = SHAPES[pool]
         readme = (REPO / "docs" / report / "README.md").read_text()
+        line = f"- {groups} groups × m = {m} = {groups * m} responses"
         assert line in readme and f"{mixed} mixed groups" in readme, report
 
 

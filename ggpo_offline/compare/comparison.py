@@ -2,6 +2,7 @@
 
 import json
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ from ggpo_offline.compare.report import (
     load_run,
     write_report,
 )
+from ggpo_offline.compare.sharing import REPORT_CLAIM, claim, take_turns
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.report import EvalReport
@@ -65,6 +67,9 @@ class PlannedRun:
     config: TrainConfig
     action: str
     fingerprints: Fingerprints
+    finished_stamp: int | None = None
+    """When `plan` looked: the run's result file's mtime in ns (None: not finished). A run another compare
+    finished since then has another."""
 
     @property
     def verbs(self) -> Verbs:
@@ -124,8 +129,26 @@ def plan(config: CompareConfig, pool: CheckedPool) -> list[PlannedRun]:
     planned = []
     for run in runs:
         fingerprints = plan_data(run, pool.index, pool.fingerprint).fingerprints  # what `train` will replay
-        planned.append(PlannedRun(run, _action(run, fingerprints, config.rerun), fingerprints))
+        action = _action(run, fingerprints, config.rerun)
+        planned.append(PlannedRun(run, action, fingerprints, _finished_stamp(run.run_dir)))
     return planned
+
+
+def _finished_stamp(run_dir: Path) -> int | None:
+    result = RunFolder(run_dir).result_file
+    return result.stat().st_mtime_ns if result.is_file() else None
+
+
+def _now(run: PlannedRun) -> PlannedRun:
+    """What to do with ``run`` now that this compare holds its claim (`sharing`): reuse it when another
+    compare side by side finished it since `plan` looked; else as planned, or, where another compare left
+    it unfinished, resume or replace it as `plan` would."""
+    finished = _finished_stamp(run.config.run_dir)
+    if finished is not None and finished != run.finished_stamp:
+        return replace(run, action="reuse")
+    if run.action == "replace" or (run.action == "reuse" and finished is not None):
+        return run
+    return replace(run, action=_action(run.config, run.fingerprints, rerun=False))
 
 
 def _action(run: TrainConfig, fingerprints: Fingerprints, rerun: bool) -> str:
@@ -218,9 +241,8 @@ def compare(
     ``engine`` lends an already started generation engine holding the pool's model to the evaluations.
     """
     ready = plan_compare(config)  # every refusal comes before the first write
-    config, pool, planned, inputs = ready.config, ready.pool, ready.runs, ready.inputs
+    config, planned = ready.config, ready.runs
     from ggpo_offline.core import tracking
-    from ggpo_offline.train.evaluation import eval_config
 
     shared = planned[0].config
     report_dir = config.report_dir
@@ -237,36 +259,53 @@ def compare(
     with tracking.ending(parent):
         parent.log_params({"methods": ",".join(config.methods), "seeds": ",".join(map(str, config.seeds))})
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
-        # π0's log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one).
-        score_pi0(shared, inputs)
-        # One engine and one evaluation protocol for every run: the base model is evaluated once.
-        with Evaluator(eval_config(shared, inputs.model_dir), engine) as evaluator:
-            for position, run in enumerate(planned):
-                if on_run is not None:
-                    on_run(position, len(planned), run)
-                _execute(run, pool, evaluator, parent.run_id, on_update, on_eval)
-        records = [load_run(run.config.run_dir, run.config.method, run.config.seed) for run in planned]
+        done = _take_turns(ready, report_dir, engine, parent.run_id, on_run, on_update, on_eval)
+        records = [load_run(run.config.run_dir, run.config.method, run.config.seed) for run in done]
         data_plans = check_data_plans(records)
         if parent.run_id is not None:
             _adopt_children(shared, parent.run_id, records)
         ceilings = read_ceilings(config.ceilings)
-        report = write_report(records, list(config.methods), list(config.seeds), report_dir, ceilings)
-        write_readme(config, planned, records, data_plans, parent.run_id, report)
-        _write_marker(report_dir, config, planned, status="finished", data_plans=data_plans)
+        with claim(report_dir, REPORT_CLAIM):  # compares side by side write it one after the other
+            report = write_report(records, list(config.methods), list(config.seeds), report_dir, ceilings)
+            write_readme(config, done, records, data_plans, parent.run_id, report)
+            _write_marker(report_dir, config, done, status="finished", data_plans=data_plans)
+            written = ("table.md", "table.csv", COUNTS_FILE, DIAGNOSTICS_FILE, "README.md", MARKER, *FIGURES)
+            for name in (*written, CEILINGS_FILE) if report.ceilings else written:
+                parent.log_artifact(report_dir / name, "report")
         parent.set_tags({f"data_order_fingerprint.seed{s}": f for s, f in data_plans.items()})
-        for name in ("table.md", "table.csv", COUNTS_FILE, DIAGNOSTICS_FILE, "README.md", MARKER, *FIGURES):
-            parent.log_artifact(report_dir / name, "report")
-        if report.ceilings:
-            parent.log_artifact(report_dir / CEILINGS_FILE, "report")
-    actions = {run.config.run_name: run.action for run in planned}
+    actions = {run.config.run_name: run.action for run in done}
     return CompareResult(report_dir, records, data_plans, parent.run_id, actions, report)
+
+
+def _take_turns(
+    ready: ComparePlan, report_dir: Path, engine, parent_run_id, on_run, on_update, on_eval
+) -> list[PlannedRun]:
+    """Train or reuse every run, each under its claim (`take_turns`): what this compare did with each. π0's
+    log-probs once for every run (GRPO's fixed reference, GGPO/AGRO's first one) and one engine and
+    evaluation protocol (the base model evaluated once), both only once a run is trained here."""
+    from ggpo_offline.train.evaluation import eval_config
+
+    shared, done = ready.runs[0].config, list(ready.runs)
+    with ExitStack() as evaluators:
+        evaluator = None
+        for position, run in take_turns(ready.runs, report_dir, lambda run: run.config.run_name):
+            done[position] = run = _now(run)
+            if on_run is not None:
+                on_run(position, len(done), run)
+            if run.action == "reuse":
+                continue
+            if evaluator is None:
+                score_pi0(shared, ready.inputs)
+                evaluator = evaluators.enter_context(
+                    Evaluator(eval_config(shared, ready.inputs.model_dir), engine)
+                )
+            _execute(run, ready.pool, evaluator, parent_run_id, on_update, on_eval)
+    return done
 
 
 def _execute(run: PlannedRun, pool: CheckedPool, evaluator, parent_run_id, on_update, on_eval) -> None:
     from ggpo_offline.train.trainer import train
 
-    if run.action == "reuse":
-        return
     train(
         run.config,
         resume=run.action == "resume",
