@@ -259,7 +259,7 @@ def compare(
     with tracking.ending(parent):
         parent.log_params({"methods": ",".join(config.methods), "seeds": ",".join(map(str, config.seeds))})
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
-        done = _take_turns(ready, report_dir, engine, parent.run_id, on_run, on_update, on_eval)
+        done = _train_or_reuse(ready, report_dir, engine, parent.run_id, on_run, on_update, on_eval)
         records = [load_run(run.config.run_dir, run.config.method, run.config.seed) for run in done]
         data_plans = check_data_plans(records)
         if parent.run_id is not None:
@@ -277,7 +277,7 @@ def compare(
     return CompareResult(report_dir, records, data_plans, parent.run_id, actions, report)
 
 
-def _take_turns(
+def _train_or_reuse(
     ready: ComparePlan, report_dir: Path, engine, parent_run_id, on_run, on_update, on_eval
 ) -> list[PlannedRun]:
     """Train or reuse every run, each under its claim (`take_turns`): what this compare did with each. π0's
