@@ -229,7 +229,14 @@ def test_micro_batches_on_group_boundaries_give_the_whole_minibatchs_loss_and_gr
         return out.loss.item(), x.grad
 
     whole, whole_grad = loss(slice(None))
-    counts = {"token_count": mask.sum(), "sequence_count": (mask.sum(1) > 0).sum()}
+    counts = {
+        "token_count": mask.sum(),
+        "sequence_count": (mask.sum(1) > 0).sum(),
+        "response_count": len(mask),
+    }
+    if preset.correction.count_kept:  # the kept tokens' counts, as the trainer takes them before the step
+        kept = corrected.kept_mask(preset.correction, logp, old_logp, behavior_logp, mask)
+        counts |= {"kept_token_count": kept.sum(), "kept_sequence_count": (kept.sum(1) > 0).sum()}
     if preset.correction.batch_normalize:  # what the trainer adds up over the minibatch's micro-batches
         halves = [slice(0, 2 * m), slice(2 * m, None)]
         parts = [
@@ -246,7 +253,8 @@ def test_micro_batches_on_group_boundaries_give_the_whole_minibatchs_loss_and_gr
 # Each family's realistic bug, applied to a part; each must break a worked number.
 MUTATIONS = {
     "the weight's ratio against π_θ, not π_old": (
-        corrected, "_behaviour", lambda real: lambda c, x, kappa, mask, A: real(c, kappa, kappa, mask, A)),
+        corrected, "_behaviour",
+        lambda real: lambda c, x, weight_x, kappa, mask, A: real(c, kappa, kappa, kappa, mask, A)),
     "the objective's ratio against μ, not π_old": (
         corrected, "_objective",
         lambda real: lambda c, logp, rho, A, r, mask, mu, w: real(c, logp, logp - mu, A, r, mask, mu, w)),
@@ -284,7 +292,7 @@ def test_every_preset_is_a_learner_that_reads_only_pi_olds_schedule():
         UserError, match="--clip-eps is not read by trl-sequence-mask; it is read by grpo, grpo-tis$"
     ):
         resolve_config(None, None, method="trl-sequence-mask", clip_eps=0.3)
-    readers = r"it is read by grpo-tis, 33 framework presets \(docs/corrections.md\)$"
+    readers = r"it is read by grpo-tis, 34 framework presets \(docs/corrections.md\)$"
     with pytest.raises(UserError, match=f"--tis-block is not read by verl-bypass-ppo-clip; {readers}"):
         resolve_config(None, None, method="verl-bypass-ppo-clip", tis_block=3)
     with pytest.raises(UserError, match="did you mean 'trl-sequence-mask'"):
@@ -305,7 +313,8 @@ def test_diagnostics_csv_has_the_correction_columns_only_when_a_run_logged_them(
     write_diagnostics([plain, preset], path)
     header, first, second = path.read_text().splitlines()
     assert header.endswith(",".join(CORRECTION_DIAGNOSTICS))
-    assert first.endswith("," * len(CORRECTION_DIAGNOSTICS)) and second.endswith(",0.25" * 4)
+    assert first.endswith("," * len(CORRECTION_DIAGNOSTICS))
+    assert second.endswith(",0.25" * len(CORRECTION_DIAGNOSTICS))
 
 
 def test_the_knob_table_names_every_part_field_and_only_those():
@@ -319,7 +328,7 @@ def test_the_knob_table_names_every_part_field_and_only_those():
         field
         for row in table.splitlines()
         if row.startswith("| ") and row.count("|") == 4
-        for field in re.findall(r"`([a-z_]+)`", row.split("|")[3])
+        for field in re.findall(r"`([a-z0-9_]+)`", row.split("|")[3])
     }
     values = {"ppo", "reinforce", "gspo"}  # objective values the table quotes beside its field
     assert named - values == {f.name for f in fields(Correction)}

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -352,6 +353,24 @@ def test_micro_batches_give_the_full_batch_update(vllm_pool, tmp_path, method):
         assert a.keys() == b.keys()
         for key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-5 if update == 0 else 1e-4, abs=1e-6), key
+
+
+def test_a_rejection_divides_by_the_minibatchs_kept_tokens_and_a_minibatch_kept_whole_is_stepped_past(
+    vllm_pool, tmp_path
+):
+    """verl-bypass-pg-geo-rs rejects on π_θ/μ (band 0.999–1.001): as π_θ moves it rejects part of a minibatch,
+    then all of it. Micro-batches divide by the whole minibatch's kept tokens, counted before the step, and a
+    minibatch left with none has verl's NaN loss and zero gradient: the run goes on and says so."""
+    settings = {"method": "verl-bypass-pg-geo-rs", "updates": 3}
+    whole = train(_config(vllm_pool, tmp_path, **settings, out=tmp_path / "whole"))
+    micro = train(_config(vllm_pool, tmp_path, **settings, micro_batch_size=8, out=tmp_path / "m"))
+    masked = [m["correction/masked_frac"] for m in whole.metrics]
+    assert 0 < max(f for f in masked if f < 1) and masked[-1] == 1.0, masked
+    assert [m["correction/none_kept"] for m in whole.metrics] == [float(f == 1.0) for f in masked]
+    assert math.isnan(whole.metrics[-1]["loss"]) and math.isfinite(whole.metrics[-1]["optim/grad_norm"])
+    for a, b in zip(whole.metrics, micro.metrics, strict=True):
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6, nan_ok=True), key
 
 
 def test_config_precedence_defaults_preset_file_flags(tmp_path):

@@ -46,10 +46,12 @@ DIAGNOSTICS = (
 )  # fmt: skip
 """The training diagnostics diagnostics.csv keeps for every run and update (SPEC.md "Diagnostics")."""
 CORRECTION_DIAGNOSTICS = tuple(
-    f"correction/{name}" for name in ("weight_mean", "masked_frac", "truncated_frac", "masked_seq_frac")
+    f"correction/{name}"
+    for name in ("weight_mean", "masked_frac", "truncated_frac", "masked_seq_frac", "none_kept")
 )
-"""A framework preset's share of tokens and responses its correction masks or truncates, and its mean weight:
-columns of diagnostics.csv when a run logged them (`ggpo_offline.train.losses.corrected`)."""
+"""A framework preset's share of tokens and responses its correction masks or truncates, its mean weight, and
+whether its rejections kept no token of the minibatch: columns of diagnostics.csv when a run logged them
+(`ggpo_offline.train.losses.corrected`)."""
 
 __all__ = [
     "DIAGNOSTICS_FILE",

@@ -5,9 +5,21 @@ defaults; where the code and its docs or paper disagree, a second preset named `
 follows them. `ggpo_offline.train.learners` registers every preset as a learner.
 """
 
+import struct
 from dataclasses import dataclass, replace
 
+COMMITS = {
+    "verl": "b178a3c", "TRL": "f2cd577", "OpenRLHF": "3c3be62", "prime-rl": "559b447", "ROLL": "8eb27cc",
+    "AReaL": "4aef98d",
+}  # fmt: skip
+"""The commit of each framework whose code the presets equal (SPEC-corrections.md's)."""
+
 OBJECTIVES = ("ppo", "gspo", "reinforce", "cispo", "topr", "sapo", "dppo", "kimi")
+SEQUENCE_MEANS = ("verl", "trl")
+"""How the frameworks' sequence means divide (their code, SPEC-corrections §f): verl's, OpenRLHF's and ROLL's
+``agg_loss`` average the G responses with a token, each over L_i + 1e-8 tokens (ROLL's G is an integer
+count, so its own + 1e-8 is lost in float32); TRL's ``grpo``/``sapo`` average all B responses, each over
+max(L_i, 1) tokens."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +69,21 @@ class Correction:
     """prime-rl's coefficient of κ², and Kimi-1.5's τ."""
     aggregation: str = "token-mean"
     scale: float | None = None
+    sequence_mean: str = "verl"
+    """Whose sequence mean a seq-mean aggregation takes (`SEQUENCE_MEANS`)."""
+    count_kept: bool = False
+    """True: the rejections and the M2 mask take their tokens out of the loss mask before the aggregation
+    counts it (verl's ``response_mask ← mask·keep``, AReaL's M2 ``loss_mask``), so N, L_i and G count the kept
+    tokens and a minibatch that keeps none has loss 0/0 = NaN with a zero gradient, as verl's; False: a
+    rejected token adds 0 to the loss and still counts, so a rejection does not scale the step."""
+    float32_ratio: bool = False
+    """The behaviour weight and its bounds read from a float32 log-ratio, as AReaL's ``rejection_sampling``
+    computes them whatever the inputs' precision."""
 
     def __post_init__(self):
+        if self.sequence_mean not in SEQUENCE_MEANS:
+            choices = ", ".join(SEQUENCE_MEANS)
+            raise ValueError(f"sequence_mean is one of {choices}, got {self.sequence_mean!r}")
         if self.batch_normalize and (
             self.bypass or self.weight not in ("token", "sequence") or not self.truncate or self.filter_level
         ):
@@ -82,6 +107,8 @@ class Preset:
     correction: Correction
     note: str = ""
     """Where the framework's code and its docs differ, or what this toolkit does differently."""
+    equals: str = ""
+    """The framework's function whose update this preset computes (at `COMMITS`' commit)."""
 
 
 def _k1(spec: str) -> tuple[float, float]:
@@ -90,19 +117,25 @@ def _k1(spec: str) -> tuple[float, float]:
     return float(low), float(high)
 
 
-_VERL_PPO = Correction(dual_clip=3.0)  # actor clip_ratio 0.2, clip_ratio_c 3.0, loss_agg_mode token-mean
+# actor clip_ratio 0.2, clip_ratio_c 3.0, loss_agg_mode token-mean over the mask its rejection leaves
+_VERL = Correction(count_kept=True)
+_VERL_PPO = replace(_VERL, dual_clip=3.0)
 _TOKEN_TIS = {"weight": "token", "weight_high": 2.0}
 _SEQ_TIS = {"weight": "sequence", "weight_high": 2.0}
 _GEO_RS = {"rejections": (("seq_mean_k1", _k1("0.999_1.001")),)}
 _K3_RS = {"rejections": (("seq_mean_k3", 0.01),)}
 _REINFORCE = {"objective": "reinforce"}
+_VERL_DECOUPLED = "`compute_rollout_correction_and_add_to_batch`, then `compute_policy_loss_vanilla`"
+_VERL_BYPASS = "`compute_policy_loss_bypass_mode`"
 
 
 def _verl(name: str, arguments: str, **parts) -> Preset:
     """A verl ``RolloutCorrectionConfig`` classmethod preset with its default arguments."""
-    correction = replace(_VERL_PPO, bypass=name.startswith("bypass"), **parts)
+    bypass = name.startswith("bypass")
+    correction = replace(_VERL_PPO, bypass=bypass, **parts)
     knobs = f"RolloutCorrectionConfig.{name}({arguments})"
-    return Preset(f"verl-{name.replace('_', '-')}", "verl", knobs, "a", correction)
+    equals = _VERL_BYPASS if bypass else _VERL_DECOUPLED
+    return Preset(f"verl-{name.replace('_', '-')}", "verl", knobs, "a", correction, equals=equals)
 
 
 _SEQ_RS = {"rejections": (("seq_sum_k1", _k1("0.5_2.0")),)}
@@ -133,6 +166,7 @@ def _batch_normalized(preset: Preset) -> Preset:
         f"{preset.name}-norm", "verl", f"{preset.knobs}, rollout_is_batch_normalize=True", "a",
         replace(preset.correction, batch_normalize=True),
         note="Not a verl preset: its knob on this one; the weights' mean over the minibatch is 1.",
+        equals=preset.equals,
     )  # fmt: skip
 
 
@@ -140,12 +174,15 @@ VERL_NORMALIZED = tuple(_batch_normalized(preset) for preset in VERL[:2])
 """The decoupled token and sequence TIS presets with verl's batch normalisation."""
 
 _TRL = Correction(weight="sequence", weight_high=3.0, truncate=False)  # sequence_mask, clip_max 3, dapo
+# TRL picks SAPO's temperature with torch.where of two Python floats, which makes it float32.
+_TRL_TAU_NEG = struct.unpack("f", struct.pack("f", 1.05))[0]
 _TRL_KNOBS = "GRPOConfig(vllm_importance_sampling_mode={}, vllm_importance_sampling_clip_max=3.0{})"
 
 
 def _trl(name: str, mode: str, extra: str = "", note: str = "", **parts) -> Preset:
+    equals = "`GRPOTrainer._compute_loss` on `_generate_and_score_completions`' IS ratio"
     return Preset(
-        f"trl-{name}", "TRL", _TRL_KNOBS.format(repr(mode), extra), "b", replace(_TRL, **parts), note
+        f"trl-{name}", "TRL", _TRL_KNOBS.format(repr(mode), extra), "b", replace(_TRL, **parts), note, equals
     )
 
 
@@ -159,8 +196,9 @@ TRL = (
     _trl("sequence-mask-opsm", "sequence_mask", ", off_policy_mask_threshold=0.05", off_policy_delta=0.05,
          note="DeepSeek-V3.2's off-policy sequence mask; TRL sets no δ: 0.05 is SPEC-corrections' example."),
     _trl("gspo", "sequence_mask", ", importance_sampling_level='sequence', loss_type='grpo'",
-         objective="gspo", aggregation="seq-mean-token-mean"),
-    _trl("sapo", "sequence_mask", ", loss_type='sapo'", objective="sapo", aggregation="seq-mean-token-mean"),
+         objective="gspo", aggregation="seq-mean-token-mean", sequence_mean="trl"),
+    _trl("sapo", "sequence_mask", ", loss_type='sapo'", objective="sapo", aggregation="seq-mean-token-mean",
+         sequence_mean="trl", tau_neg=_TRL_TAU_NEG),
     _trl("cispo", "sequence_mask", ", loss_type='cispo'", objective="cispo", coefficient_high=0.2,
          note="The code caps the weight at epsilon_high itself (default 0.2)."),
     _trl("cispo-docs", "sequence_mask", ", loss_type='cispo', epsilon_high=5.0", objective="cispo",
@@ -170,50 +208,70 @@ TRL = (
 
 _OPENRLHF = Correction(weight="token", weight_low=0.5, weight_high=5.0)  # token_level_loss: token-mean
 _OPENRLHF_KNOBS = "--algo.advantage.is_correction_enable --algo.advantage.is_correction_type {}"
+_OPENRLHF_EQUALS = "`PolicyLoss.forward`"
 OPENRLHF = (
-    Preset("openrlhf-tis", "OpenRLHF", _OPENRLHF_KNOBS.format("tis"), "c", _OPENRLHF),
+    Preset("openrlhf-tis", "OpenRLHF", _OPENRLHF_KNOBS.format("tis"), "c", _OPENRLHF,
+           equals=_OPENRLHF_EQUALS),
     Preset("openrlhf-icepop", "OpenRLHF", _OPENRLHF_KNOBS.format("icepop"), "c",
-           replace(_OPENRLHF, truncate=False)),
+           replace(_OPENRLHF, truncate=False), equals=_OPENRLHF_EQUALS),
     Preset("openrlhf-seq-mask-tis", "OpenRLHF", _OPENRLHF_KNOBS.format("seq-mask-tis"), "c",
            replace(_OPENRLHF, filter_level="geometric"),
-           note="The geometric mean only filters: the code comment says clamped, the token weight is not."),
+           note="The geometric mean only filters: the code comment says clamped, the token weight is not.",
+           equals=_OPENRLHF_EQUALS),
     Preset("openrlhf-gspo-is", "OpenRLHF",
            _OPENRLHF_KNOBS.format("tis") + " --actor.policy_loss_type gspo", "c",
            Correction(objective="gspo", bypass=True, aggregation="seq-mean-token-mean"),
-           note="With IS, GSPO folds π_θ/μ into its ratio and the thresholds go unused."),
+           note="With IS, GSPO folds π_θ/μ into its ratio and the thresholds go unused.",
+           equals=_OPENRLHF_EQUALS),
 )  # fmt: skip
 
+_ROLL = Correction(aggregation="seq-mean-token-mean")  # ROLL's loss_agg_mode default
+_ROLL_EQUALS = "`ActorPGWorker.loss_func` (rlvr)"
+_AREAL_BEHAVE = Correction(weight="token", weight_high=5.0, float32_ratio=True)
+_AREAL_EQUALS = "`grpo_loss_fn` (decoupled), with `ppo_actor_loss_fn`"
 OTHERS = (
     Preset("prime-rl", "prime-rl", '[trainer.loss] type="default"', "d",
            Correction(objective="dppo", bypass=True),
-           note="The ratio carries gradient; docs/algorithms.md shows a clamp min(π/μ, δ) the code has not."),
+           note="The ratio carries gradient; docs/algorithms.md shows a clamp min(π/μ, δ) the code has not.",
+           equals="`default_loss_fn`"),
     Preset("prime-rl-ipo", "prime-rl", '[trainer.loss] type="ipo"', "d",
            Correction(objective="dppo", bypass=True, gap_low=0.1, gap_high=0.1, gap_both_sides=True),
-           note="Masks |Δp| > ipo_threshold 0.1 whatever the advantage's sign; otherwise the default loss."),
+           note="Masks |Δp| > ipo_threshold 0.1 whatever the advantage's sign; otherwise the default loss.",
+           equals="`ipo_loss_fn`"),
     Preset("verl-gspo", "verl", "actor.policy_loss.loss_mode=gspo", "e",
-           Correction(objective="gspo", aggregation="seq-mean-token-mean"),
-           note="verl's clip_ratio default 0.2; `gspo-paper` uses the paper's 3e-4 / 4e-4."),
+           replace(_VERL, objective="gspo", aggregation="seq-mean-token-mean"),
+           note="verl's clip_ratio default 0.2; `gspo-paper` uses the paper's 3e-4 / 4e-4.",
+           equals="`compute_policy_loss_gspo`"),
     Preset("gspo-paper", "verl", "loss_mode=gspo, clip_ratio_low=3e-4, clip_ratio_high=4e-4", "e",
-           Correction(objective="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq-mean-token-mean")),
+           replace(_VERL, objective="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq-mean-token-mean"),
+           equals="`compute_policy_loss_gspo`"),
     Preset("verl-sapo", "verl", "actor.policy_loss.loss_mode=sapo", "e",
-           Correction(objective="sapo", aggregation="seq-mean-token-mean")),
+           replace(_VERL, objective="sapo", aggregation="seq-mean-token-mean"),
+           equals="`compute_policy_loss_sapo`"),
     Preset("verl-cispo", "verl", "actor.policy_loss.loss_mode=cispo", "e",
-           Correction(objective="cispo", coefficient_low=0.8, coefficient_high=1.2)),
+           replace(_VERL, objective="cispo", coefficient_low=0.8, coefficient_high=1.2),
+           equals="`compute_policy_loss_cispo`"),
     Preset("roll-cispo", "ROLL", "pg_variant=cispo", "e",
-           Correction(objective="cispo", coefficient_low=0.9, coefficient_high=1.1,
-                      aggregation="seq-mean-token-mean")),
-    Preset("roll-topr", "ROLL", "pg_variant=topr", "e",
-           Correction(objective="topr", aggregation="seq-mean-token-mean"),
-           note="The ratio is token-level π_θ/π_old; the paper's is sequence-level π/μ."),
-    Preset("roll-kimi15", "ROLL", "pg_variant=kimi15", "e",
-           Correction(objective="kimi", kl_tau=0.1, aggregation="seq-mean-token-mean"),
-           note="kimi15_tau 0.1 is a getattr default, not a declared field."),
-    Preset("areal-m2po", "AReaL", "actor.m2_threshold=0.04", "e", Correction(second_moment=0.04),
-           note="The paper defines M2 on π_θ/μ, the code on π_prox/μ. AReaL's example also sets eps_clip 0."),
+           replace(_ROLL, objective="cispo", coefficient_low=0.9, coefficient_high=1.1), equals=_ROLL_EQUALS),
+    Preset("roll-topr", "ROLL", "pg_variant=topr", "e", replace(_ROLL, objective="topr"),
+           note="The ratio is token-level π_θ/π_old; the paper's is sequence-level π/μ.",
+           equals=_ROLL_EQUALS),
+    Preset("roll-kimi15", "ROLL", "pg_variant=kimi15", "e", replace(_ROLL, objective="kimi", kl_tau=0.1),
+           note="kimi15_tau 0.1 is a getattr default, not a declared field.", equals=_ROLL_EQUALS),
+    Preset("areal-m2po", "AReaL", "actor.m2_threshold=0.04", "e",
+           Correction(second_moment=0.04, count_kept=True),
+           note="The paper defines M2 on π_θ/μ, the code on π_prox/μ. `areal-m2po-gsm8k` is AReaL's example.",
+           equals=_AREAL_EQUALS),
+    Preset("areal-m2po-gsm8k", "AReaL",
+           "examples/math/gsm8k_m2po.yaml: m2_threshold=0.04, eps_clip=0.0, rejection_sampling(upper=5.0)",
+           "e", replace(_AREAL_BEHAVE, second_moment=0.04, count_kept=True, truncate=False, eps_low=0.0,
+                        eps_high=0.0),
+           note="The example takes one update a batch (ppo_n_minibatches 1): --tis-block 1 reproduces it.",
+           equals=_AREAL_EQUALS),
     Preset("areal-behave-mask", "AReaL", "rejection_sampling(level=token, action=mask, upper=5.0)", "e",
-           Correction(weight="token", weight_high=5.0, truncate=False)),
+           replace(_AREAL_BEHAVE, truncate=False), equals=_AREAL_EQUALS),
     Preset("areal-behave-clamp", "AReaL", "rejection_sampling(level=token, action=clamp, upper=5.0)", "e",
-           Correction(weight="token", weight_high=5.0)),
+           _AREAL_BEHAVE, equals=_AREAL_EQUALS),
 )  # fmt: skip
 
 PRESETS: tuple[Preset, ...] = VERL + VERL_NORMALIZED + TRL + OPENRLHF + OTHERS
@@ -230,7 +288,7 @@ def _bounds(low: float | None, high: float | None) -> str:
 
 def describe(correction: Correction) -> str:
     """One line naming the parts: "PPO dual-clip on π_θ/π_old × sequence w truncated [, 2]; seq_mean_k1
-    rejection; token-mean"."""
+    rejection; token-mean of the kept tokens"."""
     c = correction
     objective = _OBJECTIVE_WORDS[c.objective]
     if c.objective == "ppo" and c.dual_clip is not None:
@@ -244,7 +302,8 @@ def describe(correction: Correction) -> str:
             if c.filter_level
             else ("truncated" if c.truncate else "masked")
         )
-        text += f" × {c.weight} w {kept} {_bounds(c.weight_low, c.weight_high)}"
+        precision = " (float32)" if c.float32_ratio else ""
+        text += f" × {c.weight} w{precision} {kept} {_bounds(c.weight_low, c.weight_high)}"
         if c.batch_normalize:
             text += ", batch-normalised"
     masks = [option for option, _ in c.rejections]
@@ -253,4 +312,9 @@ def describe(correction: Correction) -> str:
     )
     if masks:
         text += f"; {', '.join(masks)} rejection"
-    return f"{text}; {c.aggregation}"
+    aggregation = c.aggregation
+    if c.aggregation.startswith("seq-mean") and c.sequence_mean != "verl":
+        aggregation += " (TRL's)"
+    if c.count_kept and (c.rejections or c.second_moment is not None):
+        aggregation += " of the kept tokens"
+    return f"{text}; {aggregation}"

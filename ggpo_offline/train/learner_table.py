@@ -8,6 +8,7 @@ from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import flag_name
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.corrections import COMMITS
 from ggpo_offline.train.learners import CORRECTIONS, PAPER_REF_REFRESH, REGISTRY, SCHEDULES, SYMBOLS, Learner
 
 README_BEGIN = "<!-- learners:begin -->"
@@ -73,11 +74,13 @@ def markdown_table(ablations: bool = False) -> str:
 
 
 def corrections_table() -> str:
-    """docs/corrections.md's table: each framework preset, the knobs it reproduces, its parts, and where the
-    framework's code and its docs differ."""
-    header = ["method", "framework", "its settings (defaults where not written)", "parts", "SPEC", "note"]
+    """docs/corrections.md's table: each framework preset, the knobs it reproduces, its parts, the framework
+    function whose update it equals, and where the framework's code and its docs differ."""
+    header = ["method", "framework", "its settings (defaults where not written)", "parts", "equal to", "SPEC",
+              "note"]  # fmt: skip
     rows = [
         [f"`{entry.name}`", entry.preset.framework, f"`{entry.preset.knobs}`", entry.summary,
+         f"{entry.preset.framework}@{COMMITS[entry.preset.framework]} {entry.preset.equals}",
          f"§{entry.preset.section}", entry.preset.note or "—"]
         for entry in CORRECTIONS
     ]  # fmt: skip

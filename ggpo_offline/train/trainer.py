@@ -17,6 +17,7 @@ from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.activity import doing
 from ggpo_offline.train.checkpoint import load_state, resume_point, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.corrections import Correction
 from ggpo_offline.train.distributed import (
     SINGLE_PROCESS,
     Ranks,
@@ -33,7 +34,7 @@ from ggpo_offline.train.evaluation import CheckpointEvaluations
 from ggpo_offline.train.inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
-from ggpo_offline.train.losses.corrected import weight_total
+from ggpo_offline.train.losses.corrected import kept_mask, weight_total
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 from ggpo_offline.train.pi0_cache import Pi0Cache
@@ -236,7 +237,7 @@ class Trainer:
             grad_norm = scalar(
                 torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.grad_clip)
             )
-            self._check_finite(diagnostics.reduce_sums()["loss"], grad_norm)
+            self._check_finite(diagnostics.reduce_sums()["loss"], grad_norm, counts.get("kept_token_count"))
             self.optimizer.step()
         metrics = diagnostics.metrics(batch, grad_norm, self.config.method, self.ess_block)
         self.ref_window.pop(self.update, None)  # served; the checkpoint keeps only what is still due
@@ -245,22 +246,44 @@ class Trainer:
         return metrics
 
     def _counts(self, batch: Minibatch, micros: list[Minibatch]) -> dict[str, Tensor]:
-        """What every micro-batch's loss divides by, the whole minibatch's (summed over ranks): T_tok; G for a
-        framework preset's per-sequence aggregations; the weight total of a batch-normalised one."""
+        """What every micro-batch's loss divides by, the whole minibatch's (summed over ranks): T_tok; for a
+        framework preset G and B, the kept tokens and responses of a `count_kept` one, and the weight total
+        of a batch-normalised one."""
         counts = {"token_count": all_sum(batch.mask.sum(), self.ranks).to(self.device)}
         preset = self.learner.preset
-        if preset is not None:
-            counts["sequence_count"] = all_sum((batch.mask.sum(dim=1) > 0).sum(), self.ranks).to(self.device)
-        if preset is not None and preset.correction.batch_normalize:
-            parts = []
-            for position, micro in enumerate(micros):
-                constants = self._constants(micro, position)
-                parts.append(
-                    weight_total(preset.correction, constants["old_logp"], constants["behavior_logp"],
-                                 micro.mask.to(self.device))
-                )  # fmt: skip
+        if preset is None:
+            return counts
+        correction = preset.correction
+        counts["sequence_count"] = all_sum((batch.mask.sum(dim=1) > 0).sum(), self.ranks).to(self.device)
+        counts["response_count"] = torch.tensor(batch.num_responses * self.ranks.world, device=self.device)
+        constants = []
+        if correction.count_kept or correction.batch_normalize:
+            constants = [self._constants(micro, position) for position, micro in enumerate(micros)]
+        if correction.count_kept:
+            kept = [
+                kept_mask(correction, self._policy_logp(micro, correction), c.get("old_logp"),
+                          c["behavior_logp"], micro.mask.to(self.device))
+                for micro, c in zip(micros, constants, strict=True)
+            ]  # fmt: skip
+            counts["kept_token_count"] = all_sum(sum(m.sum() for m in kept), self.ranks).to(self.device)
+            answered = sum((m.sum(dim=1) > 0).sum() for m in kept)
+            counts["kept_sequence_count"] = all_sum(answered, self.ranks).to(self.device)
+        if correction.batch_normalize:
+            parts = [
+                weight_total(correction, c["old_logp"], c["behavior_logp"], micro.mask.to(self.device))
+                for micro, c in zip(micros, constants, strict=True)
+            ]
             counts["weight_total"] = all_sum(torch.stack(parts).sum(), self.ranks).to(self.device)
         return counts
+
+    @torch.no_grad()
+    def _policy_logp(self, micro: Minibatch, correction: Correction) -> Tensor | None:
+        """π_θ's log-probs before the step where a bypass correction's rejection reads them (verl rejects on
+        π_θ/μ inside the loss; the minibatch's kept count must be known before the first micro-batch's
+        loss), the same forward as the step's; None where nothing reads them."""
+        if not (correction.bypass and (correction.rejections or correction.second_moment is not None)):
+            return None
+        return self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)[0]
 
     def _loss(
         self, micro: Minibatch, logp: Tensor, mask: Tensor, counts: dict[str, Tensor], constants: dict
@@ -280,9 +303,12 @@ class Trainer:
         except NonFiniteCoefficient as error:
             raise UserError(f"{error} at update {self.update}; stopped before writing a checkpoint") from None
 
-    def _check_finite(self, loss: float, grad_norm: float) -> None:
-        """Stop before the step (and so before any checkpoint) when the loss or the gradient is not finite."""
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+    def _check_finite(self, loss: float, grad_norm: float, kept_tokens: Tensor | None) -> None:
+        """Stop before the step (and so before any checkpoint) when the loss or the gradient is not finite;
+        a minibatch whose rejections kept no token has loss 0/0 = NaN and a zero gradient, and is stepped
+        on as verl steps on it (its metric correction/none_kept says so)."""
+        nothing_kept = kept_tokens is not None and scalar(kept_tokens) == 0
+        if not ((math.isfinite(loss) or nothing_kept) and math.isfinite(grad_norm)):
             raise UserError(
                 f"non-finite loss or gradient at update {self.update} "
                 f"(loss {loss}, grad norm {grad_norm}); stopped before writing a checkpoint"

@@ -5,6 +5,8 @@ in decoupled mode, κ = log π_θ − log μ in bypass mode) and returns a weigh
 sequence-level one is the same value on every token of its response. Shapes as in `losses.__init__`.
 """
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -47,11 +49,12 @@ def truncate(weight: Tensor, low: float | None, high: float | None) -> Tensor:
 
 def weight_total(weight: Tensor, mask: Tensor, level: str) -> Tensor:
     """What verl's ``rollout_is_batch_normalize`` averages, summed: Σ_t M_t·w_t over the valid tokens for a
-    token weight; for a sequence weight, Σ_i w_i over the responses with a valid token (one value each)."""
+    token weight; for a sequence weight, Σ_i w_i over the responses with a valid token, each w_i read as
+    verl reads it, the response's token mean Σ_t M_t·w_t / (L_i + 1e-8)."""
     if level == "token":
         return (mask * weight).sum()
     lengths = _lengths(mask)
-    per_response = (mask * weight).sum(dim=-1) / lengths.clamp(min=1)
+    per_response = (mask * weight).sum(dim=-1) / (lengths + 1e-8)
     return per_response[lengths > 0].sum()
 
 
@@ -92,8 +95,9 @@ def rejection_keep(x: Tensor, mask: Tensor, option: str, threshold: float | tupl
     """verl's rollout rejection (``rollout_rs``) for one option ``{level}_{k1|k2|k3}``: the keep-mask [B, T].
 
     k2/k3 keep a statistic ≤ ``threshold``. k1 takes bounds (lo, hi) and keeps log lo ≤ −λ ≤ log hi, a bound
-    on μ/π_old (so (0.8, 1.5) keeps π_old/μ in [0.667, 1.25]). A sequence level rejects whole responses:
-    seq_sum Σ_t M k, seq_mean Σ_t M k / L, seq_max max_t over valid tokens.
+    on μ/π_old (so (0.8, 1.5) keeps π_old/μ in [0.667, 1.25]); the logs are float64 (`math.log`), as verl's,
+    so a statistic 2e-8 past log 1.001 is rejected. A sequence level rejects whole responses: seq_sum
+    Σ_t M k, seq_mean Σ_t M k / (L + 1e-8), seq_max max_t over valid tokens.
     """
     level, _, statistic = option.rpartition("_")
     if level not in REJECTION_LEVELS:
@@ -109,7 +113,7 @@ def rejection_keep(x: Tensor, mask: Tensor, option: str, threshold: float | tupl
             value = value / (_lengths(mask)[:, None] + 1e-8)
     if statistic == "k1":
         low, high = threshold
-        keep = inside(value, float(torch.log(torch.tensor(low))), float(torch.log(torch.tensor(high))))
+        keep = inside(value, math.log(low), math.log(high))
     else:
         keep = (value <= threshold).to(x.dtype)
     return keep.expand_as(x)

@@ -13,6 +13,7 @@ from ggpo_offline.train.losses import behavior, objectives
 from ggpo_offline.train.losses.aggregation import aggregate
 from ggpo_offline.train.losses.common import (
     LossOutput,
+    Max,
     _check_groups,
     _ratio,
     _token_count,
@@ -21,28 +22,64 @@ from ggpo_offline.train.losses.common import (
 from ggpo_offline.train.losses.grpo import _grpo_advantage
 
 
-def _behaviour(correction: Correction, x: Tensor, kappa: Tensor, mask: Tensor, A: Tensor) -> tuple:
-    """(weight, keep, truncated): the constant importance weight, the product of every keep-mask, and where
-    the truncation changed a weight; each [B, T]."""
-    weight = keep = torch.ones_like(x)
-    truncated = torch.zeros_like(x, dtype=torch.bool)
-    low, high = correction.weight_low, correction.weight_high
-    if correction.weight is not None:
-        weight = behavior.log_weight(x, mask, correction.weight).exp()
-        if correction.filter_level is not None:  # another level's ratio decides, the weight stays as it is
-            keep = behavior.inside(behavior.log_weight(x, mask, correction.filter_level).exp(), low, high)
-        elif correction.truncate:
-            raw, weight = weight, behavior.truncate(weight, low, high)
-            truncated = weight != raw
-        else:
-            keep = behavior.inside(weight, low, high)
+def _rejections_keep(correction: Correction, x: Tensor, mask: Tensor) -> Tensor:
+    """The product of the masks that take tokens out of the loss mask: verl's rejections (``rollout_rs``)
+    and AReaL's M2 mask, both read on x in its own precision: [B, T]."""
+    keep = torch.ones_like(x)
     for option, threshold in correction.rejections:
         keep = keep * behavior.rejection_keep(x, mask, option, threshold)
     if correction.second_moment is not None:
         keep = keep * behavior.second_moment_keep(x, mask, correction.second_moment)
+    return keep
+
+
+def _behaviour(
+    correction: Correction, x: Tensor, weight_x: Tensor, kappa: Tensor, mask: Tensor, A: Tensor
+) -> tuple:
+    """(weight, keep, kept, truncated): the constant importance weight, read on ``weight_x`` (x, or x from
+    float32 log-probs) and returned in x's dtype; the product of every keep-mask; the part of it that takes
+    tokens out of the loss mask (`_rejections_keep`); where the truncation changed a weight; each [B, T]."""
+    weight = keep = torch.ones_like(x)
+    truncated = torch.zeros_like(x, dtype=torch.bool)
+    low, high = correction.weight_low, correction.weight_high
+    if correction.weight is not None:
+        weight_mask = mask.to(weight_x.dtype)
+        weight = behavior.log_weight(weight_x, weight_mask, correction.weight).exp()
+        if correction.filter_level is not None:  # another level's ratio decides, the weight stays as it is
+            ratio = behavior.log_weight(weight_x, weight_mask, correction.filter_level).exp()
+            keep = behavior.inside(ratio, low, high).to(x.dtype)
+        elif correction.truncate:
+            raw, weight = weight, behavior.truncate(weight, low, high)
+            truncated = weight != raw
+        else:
+            keep = behavior.inside(weight, low, high).to(x.dtype)
+        weight = weight.to(x.dtype)
+    kept = _rejections_keep(correction, x, mask)
+    keep = keep * kept
     if correction.off_policy_delta is not None:
         keep = keep * behavior.off_policy_sequence_keep(kappa, mask, A, correction.off_policy_delta)
-    return weight, keep, truncated
+    return weight, keep, kept, truncated
+
+
+def _log_ratio(correction: Correction, logp: Tensor, old_logp: Tensor | None, behavior_logp: Tensor) -> tuple:
+    """(x, weight_x): the behaviour log-ratio, κ = sg log π_θ − log μ in bypass mode else λ = log π_old −
+    log μ, and the same from float32 log-probs where the correction reads its weight so (AReaL)."""
+    numerator = logp.detach() if correction.bypass else old_logp
+    if numerator is None:
+        raise ValueError("a decoupled correction needs old_logp (π_old)")
+    x = numerator - behavior_logp
+    return x, (numerator.float() - behavior_logp.float() if correction.float32_ratio else x)
+
+
+def kept_mask(
+    correction: Correction, logp: Tensor | None, old_logp: Tensor | None, behavior_logp: Tensor, mask: Tensor
+) -> Tensor:
+    """The loss mask a `count_kept` correction aggregates over, ``mask`` times the keep of its rejections
+    and M2 mask: the trainer counts it over a minibatch's micro-batches and ranks (N, G of the kept tokens).
+    ``logp`` (π_θ, detached) is read only in bypass mode."""
+    mask = mask.to(behavior_logp.dtype)
+    x, _ = _log_ratio(correction, behavior_logp if logp is None else logp, old_logp, behavior_logp)
+    return mask * _rejections_keep(correction, x, mask)
 
 
 def weight_total(correction: Correction, old_logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> Tensor:
@@ -102,6 +139,9 @@ def correction_loss(
     *,
     token_count: float | Tensor | None = None,
     sequence_count: float | Tensor | None = None,
+    response_count: float | Tensor | None = None,
+    kept_token_count: float | Tensor | None = None,
+    kept_sequence_count: float | Tensor | None = None,
     weight_total: Tensor | None = None,
 ) -> LossOutput:
     """SPEC-corrections.md's loss of ``correction`` for given advantages A [B]:
@@ -109,34 +149,41 @@ def correction_loss(
         λ = log π_old − log μ,  ρ = log π_θ − log π_old,  κ = λ + ρ        (bypass: π_old := μ, λ = 0)
         w, keep = behaviour(λ or sg κ)                                     (constants)
         w ← w / mean(w)                                                   (batch_normalize only)
-        L = aggregate(keep · w · ℓ(ρ, A), mode)                            (REINFORCE carries w inside ℓ)
+        L = aggregate(keep · w · ℓ(ρ, A), M', mode)                        (REINFORCE carries w inside ℓ)
 
-    The normalisers N (valid tokens), G (answered responses) and the batch normalisation's ``weight_total``
-    are the minibatch's when given (micro-batches), else this call's.
+    M' is the loss mask the aggregation counts: M, or with `count_kept` M times the rejections' and M2's
+    keep (§g: verl and AReaL divide by the tokens those keep; none kept: 0/0 = NaN, gradient 0, as verl).
+    The counts are the whole minibatch's when given (micro-batches), else this call's: N valid tokens, G
+    answered responses, B responses, and N, G of M' (``kept_token_count``, ``kept_sequence_count``); the
+    batch normalisation's ``weight_total`` likewise.
 
     stats: correction/weight_mean (token mean of keep·w), correction/masked_frac and
     correction/truncated_frac (token fractions a keep-mask zeroes and a truncation changes), all over the
-    minibatch's N; correction/masked_seq_frac (responses with every token masked, over G).
+    minibatch's N; correction/masked_seq_frac (responses with every token masked, over G);
+    correction/none_kept (1 where M' holds no token of the minibatch).
     """
+    c = correction
     mask = mask.to(logp.dtype)
-    old = behavior_logp if correction.bypass else old_logp
-    if old is None:
-        raise ValueError("a decoupled correction needs old_logp (π_old)")
+    x, weight_x = _log_ratio(c, logp, old_logp, behavior_logp)
     kappa = logp.detach() - behavior_logp
-    x = kappa if correction.bypass else old - behavior_logp
-    weight, keep, truncated = _behaviour(correction, x, kappa, mask, advantages)
+    weight, keep, kept, truncated = _behaviour(c, x, weight_x, kappa, mask, advantages)
     N = _token_count(mask, token_count, logp)
     answered = mask.sum(dim=-1) > 0  # responses with at least one token, as the aggregation's G counts
     G = _token_count(mask, answered.sum() if sequence_count is None else sequence_count, logp)
-    if correction.batch_normalize:
-        level = correction.weight
+    if c.batch_normalize:
+        level = c.weight
         total = behavior.weight_total(weight, mask, level) if weight_total is None else weight_total
         weight = behavior.batch_normalize(weight, total, N if level == "token" else G, level)
-    per_token = _objective(correction, logp, logp - old, advantages, rewards, mask, behavior_logp, weight)
-    scaled = keep * per_token if correction.objective == "reinforce" else keep * weight * per_token
+    old = behavior_logp if c.bypass else old_logp
+    per_token = _objective(c, logp, logp - old, advantages, rewards, mask, behavior_logp, weight)
+    scaled = keep * per_token if c.objective == "reinforce" else keep * weight * per_token
+    if c.count_kept:
+        loss_mask, counts = mask * kept, (kept_token_count, kept_sequence_count)
+    else:
+        loss_mask, counts = mask, (token_count, sequence_count)
     loss = aggregate(
-        scaled, mask, correction.aggregation,
-        token_count=token_count, sequence_count=sequence_count, scale=correction.scale,
+        scaled, loss_mask, c.aggregation, token_count=counts[0], sequence_count=counts[1],
+        response_count=response_count, scale=c.scale, sequence_mean=c.sequence_mean,
     )  # fmt: skip
     dropped = answered & ((keep * mask).sum(dim=-1) == 0)
     stats = {
@@ -145,6 +192,7 @@ def correction_loss(
         "correction/masked_frac": _token_sum_over(keep == 0, mask, N),
         "correction/truncated_frac": _token_sum_over(truncated, mask, N),
         "correction/masked_seq_frac": dropped.sum() / G,
+        "correction/none_kept": Max((_token_count(loss_mask, counts[0], logp) == 0).to(logp.dtype)),
     }
     return LossOutput(loss, stats)
 
@@ -160,6 +208,9 @@ def corrected_loss(
     old_logp: Tensor | None = None,
     token_count: float | Tensor | None = None,
     sequence_count: float | Tensor | None = None,
+    response_count: float | Tensor | None = None,
+    kept_token_count: float | Tensor | None = None,
+    kept_sequence_count: float | Tensor | None = None,
     weight_total: Tensor | None = None,
 ) -> LossOutput:
     """A framework preset as a learner: `correction_loss` with GRPO's group advantage
@@ -168,5 +219,6 @@ def corrected_loss(
     A = _grpo_advantage(rewards, group_size)
     return correction_loss(
         logp, old_logp, behavior_logp, mask, A, rewards, correction,
-        token_count=token_count, sequence_count=sequence_count, weight_total=weight_total,
+        token_count=token_count, sequence_count=sequence_count, response_count=response_count,
+        kept_token_count=kept_token_count, kept_sequence_count=kept_sequence_count, weight_total=weight_total,
     )  # fmt: skip
