@@ -34,7 +34,7 @@ from ggpo_offline.train.evaluation import CheckpointEvaluations
 from ggpo_offline.train.inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
-from ggpo_offline.train.losses.corrected import kept_mask, weight_total
+from ggpo_offline.train.losses.corrected import kept_mask, reads_policy, weight_total
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 from ggpo_offline.train.pi0_cache import Pi0Cache
@@ -281,7 +281,7 @@ class Trainer:
         """π_θ's log-probs before the step where a bypass correction's rejection reads them (verl rejects on
         π_θ/μ inside the loss; the minibatch's kept count must be known before the first micro-batch's
         loss), the same forward as the step's; None where nothing reads them."""
-        if not (correction.bypass and (correction.rejections or correction.second_moment is not None)):
+        if not reads_policy(correction):
             return None
         return self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)[0]
 

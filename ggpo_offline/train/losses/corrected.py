@@ -61,9 +61,13 @@ def _behaviour(
     return weight, keep, kept, truncated
 
 
-def _log_ratio(correction: Correction, logp: Tensor, old_logp: Tensor | None, behavior_logp: Tensor) -> tuple:
+def _log_ratio(
+    correction: Correction, logp: Tensor | None, old_logp: Tensor | None, behavior_logp: Tensor
+) -> tuple:
     """(x, weight_x): the behaviour log-ratio, κ = sg log π_θ − log μ in bypass mode else λ = log π_old −
     log μ, and the same from float32 log-probs where the correction reads its weight so (AReaL)."""
+    if correction.bypass and logp is None:
+        raise ValueError("a bypass correction reads its weights and rejections on π_θ/μ: give logp")
     numerator = logp.detach() if correction.bypass else old_logp
     if numerator is None:
         raise ValueError("a decoupled correction needs old_logp (π_old)")
@@ -76,10 +80,17 @@ def kept_mask(
 ) -> Tensor:
     """The loss mask a `count_kept` correction aggregates over, ``mask`` times the keep of its rejections
     and M2 mask: the trainer counts it over a minibatch's micro-batches and ranks (N, G of the kept tokens).
-    ``logp`` (π_θ, detached) is read only in bypass mode."""
+    ``logp`` (π_θ, detached) is read only by a bypass correction's rejections (`reads_policy`)."""
     mask = mask.to(behavior_logp.dtype)
-    x, _ = _log_ratio(correction, behavior_logp if logp is None else logp, old_logp, behavior_logp)
+    if not (correction.rejections or correction.second_moment is not None):
+        return mask
+    x, _ = _log_ratio(correction, logp, old_logp, behavior_logp)
     return mask * _rejections_keep(correction, x, mask)
+
+
+def reads_policy(correction: Correction) -> bool:
+    """Whether `kept_mask` reads π_θ: a bypass correction's rejections are read on π_θ/μ."""
+    return correction.bypass and bool(correction.rejections or correction.second_moment is not None)
 
 
 def weight_total(correction: Correction, old_logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> Tensor:
