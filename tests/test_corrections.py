@@ -229,20 +229,13 @@ def test_micro_batches_on_group_boundaries_give_the_whole_minibatchs_loss_and_gr
         return out.loss.item(), x.grad
 
     whole, whole_grad = loss(slice(None))
-    counts = {
-        "token_count": mask.sum(),
-        "sequence_count": (mask.sum(1) > 0).sum(),
-        "response_count": len(mask),
-    }
-    if preset.correction.count_kept:  # the kept tokens' counts, as the trainer takes them before the step
-        kept = corrected.kept_mask(preset.correction, logp, old_logp, behavior_logp, mask)
-        counts |= {"kept_token_count": kept.sum(), "kept_sequence_count": (kept.sum(1) > 0).sum()}
-    if preset.correction.batch_normalize:  # what the trainer adds up over the minibatch's micro-batches
-        halves = [slice(0, 2 * m), slice(2 * m, None)]
-        parts = [
-            corrected.weight_total(preset.correction, old_logp[h], behavior_logp[h], mask[h]) for h in halves
-        ]
-        counts["weight_total"] = sum(parts)
+    # What the trainer counts over the minibatch's micro-batches (here its two halves) before the first loss.
+    halves = [slice(0, 2 * m), slice(2 * m, None)]
+    calls = [
+        {"mask": mask[h], "old_logp": old_logp[h], "behavior_logp": behavior_logp[h], "logp": logp[h]}
+        for h in halves
+    ]
+    counts = {"token_count": mask.sum(), **corrected.minibatch_counts(preset.correction, calls, lambda x: x)}
     first, first_grad = loss(slice(0, 2 * m), **counts)
     second, second_grad = loss(slice(2 * m, None), **counts)
     assert first + second == pytest.approx(whole, abs=1e-12)

@@ -312,16 +312,10 @@ def test_micro_batches_with_global_token_count_sum_to_the_full_batch(name):
     if preset is not None and preset.correction.second_moment is not None:
         pytest.skip("AReaL's M2 mask is read over each call's tokens, as AReaL reads it per micro-batch")
     m, counts = batch["m"], {"token_count": int(batch["mask"].sum())}
-    if preset is not None:  # the per-sequence aggregations' G and B, as the trainer passes them
-        counts["sequence_count"] = int((batch["mask"].sum(dim=1) > 0).sum())
-        counts["response_count"] = len(batch["mask"])
-    if preset is not None and preset.correction.count_kept:  # and the tokens its rejections keep
-        inputs = (batch["logp"].detach(), batch["old_logp"], batch["behavior_logp"], batch["mask"])
-        kept = corrected.kept_mask(preset.correction, *inputs)
-        counts |= {"kept_token_count": kept.sum(), "kept_sequence_count": (kept.sum(dim=1) > 0).sum()}
-    if preset is not None and preset.correction.batch_normalize:  # and a batch normalisation's weight total
-        inputs = (batch["old_logp"], batch["behavior_logp"], batch["mask"])
-        counts["weight_total"] = corrected.weight_total(preset.correction, *inputs)
+    if preset is not None:  # a framework preset's own counts, as the trainer takes them before the step
+        keys = ("mask", "old_logp", "behavior_logp", "logp")
+        calls = [{key: batch[key].detach() for key in keys}]
+        counts |= corrected.minibatch_counts(preset.correction, calls, lambda x: x)
     full = call(name, batch)
     full_grad = grad_of(full.loss, batch["logp"])
     parts = [call(name, batch, slice(a * m, b * m), **counts) for a, b in [(0, 1), (1, 3), (3, 4)]]

@@ -34,7 +34,8 @@ TUNED_LR = PerLearner(
         "seq-is": 1e-4,
         "is-free": 1e-4,
         "rft": 3e-4,
-        # `make tune-corrections` (docs/corrections/tuning), the same rule for `make corrections`' presets.
+        # `make tune-corrections` (docs/corrections/tuning), the same rule for `make corrections`' presets;
+        # verl-decoupled-geo-rs and areal-m2po re-tuned when their normaliser changed (its rerun-2026-12-06).
         "verl-decoupled-token-is": 1e-4,
         "verl-decoupled-seq-is": 3e-4,
         "verl-decoupled-geo-rs": 1e-4,

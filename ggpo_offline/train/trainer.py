@@ -34,7 +34,7 @@ from ggpo_offline.train.evaluation import CheckpointEvaluations
 from ggpo_offline.train.inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
-from ggpo_offline.train.losses.corrected import kept_mask, reads_policy, weight_total
+from ggpo_offline.train.losses.corrected import minibatch_counts, reads_policy
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 from ggpo_offline.train.pi0_cache import Pi0Cache
@@ -246,44 +246,23 @@ class Trainer:
         return metrics
 
     def _counts(self, batch: Minibatch, micros: list[Minibatch]) -> dict[str, Tensor]:
-        """What every micro-batch's loss divides by, the whole minibatch's (summed over ranks): T_tok; for a
-        framework preset G and B, the kept tokens and responses of a `count_kept` one, and the weight total
-        of a batch-normalised one."""
+        """What every micro-batch's loss divides by, the whole minibatch's (summed over ranks): T_tok, and a
+        framework preset's own counts (`minibatch_counts`)."""
         counts = {"token_count": all_sum(batch.mask.sum(), self.ranks).to(self.device)}
-        preset = self.learner.preset
-        if preset is None:
-            return counts
-        correction = preset.correction
-        counts["sequence_count"] = all_sum((batch.mask.sum(dim=1) > 0).sum(), self.ranks).to(self.device)
-        counts["response_count"] = torch.tensor(batch.num_responses * self.ranks.world, device=self.device)
-        constants = []
-        if correction.count_kept or correction.batch_normalize:
-            constants = [self._constants(micro, position) for position, micro in enumerate(micros)]
-        if correction.count_kept:
-            kept = [
-                kept_mask(correction, self._policy_logp(micro, correction), c.get("old_logp"),
-                          c["behavior_logp"], micro.mask.to(self.device))
-                for micro, c in zip(micros, constants, strict=True)
-            ]  # fmt: skip
-            counts["kept_token_count"] = all_sum(sum(m.sum() for m in kept), self.ranks).to(self.device)
-            answered = sum((m.sum(dim=1) > 0).sum() for m in kept)
-            counts["kept_sequence_count"] = all_sum(answered, self.ranks).to(self.device)
-        if correction.batch_normalize:
-            parts = [
-                weight_total(correction, c["old_logp"], c["behavior_logp"], micro.mask.to(self.device))
-                for micro, c in zip(micros, constants, strict=True)
-            ]
-            counts["weight_total"] = all_sum(torch.stack(parts).sum(), self.ranks).to(self.device)
+        if self.learner.preset is not None:
+            correction = self.learner.preset.correction
+            calls = [self._preset_inputs(micro, i, correction) for i, micro in enumerate(micros)]
+            counts |= minibatch_counts(correction, calls, lambda x: all_sum(x, self.ranks).to(self.device))
         return counts
 
     @torch.no_grad()
-    def _policy_logp(self, micro: Minibatch, correction: Correction) -> Tensor | None:
-        """π_θ's log-probs before the step where a bypass correction's rejection reads them (verl rejects on
-        π_θ/μ inside the loss; the minibatch's kept count must be known before the first micro-batch's
-        loss), the same forward as the step's; None where nothing reads them."""
-        if not reads_policy(correction):
-            return None
-        return self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)[0]
+    def _preset_inputs(self, micro: Minibatch, position: int, correction: Correction) -> dict[str, Tensor]:
+        """One micro-batch's mask and constants, and where a bypass rejection reads π_θ/μ (`reads_policy`)
+        π_θ's log-probs from the same forward as the step's, before it: the kept tokens are counted first."""
+        inputs = {"mask": micro.mask.to(self.device), **self._constants(micro, position)}
+        if reads_policy(correction):
+            inputs["logp"] = self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)[0]
+        return inputs
 
     def _loss(
         self, micro: Minibatch, logp: Tensor, mask: Tensor, counts: dict[str, Tensor], constants: dict

@@ -5,6 +5,8 @@ behaviour weight and keep-masks, aggregated by a mode. `Correction` (`train.corr
 `correction_loss` composes them, and `corrected_loss` is the learner (GRPO's group advantage, SPEC.md GRPO).
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -93,6 +95,28 @@ def reads_policy(correction: Correction) -> bool:
     return correction.bypass and bool(correction.rejections or correction.second_moment is not None)
 
 
+def minibatch_counts(
+    correction: Correction, calls: list[dict[str, Tensor]], total: Callable[[Tensor], Tensor]
+) -> dict[str, Tensor]:
+    """What the loss of ``correction`` divides by beyond T_tok, counted over a minibatch before its first
+    micro-batch's loss: each of ``calls`` holds one micro-batch's ``mask``, ``behavior_logp``, ``old_logp``
+    (decoupled) and π_θ's ``logp`` (where `reads_policy`); ``total`` sums a count over the ranks. G and B; the
+    kept tokens and responses of a `count_kept` correction; the weight total of a batch-normalised one."""
+    counts = {
+        "sequence_count": total(sum((call["mask"].sum(dim=1) > 0).sum() for call in calls)),
+        "response_count": total(torch.tensor(sum(len(call["mask"]) for call in calls))),
+    }
+    c = correction
+    if c.count_kept:
+        kept = [kept_mask(c, x.get("logp"), x.get("old_logp"), x["behavior_logp"], x["mask"]) for x in calls]
+        counts["kept_token_count"] = total(sum(mask.sum() for mask in kept))
+        counts["kept_sequence_count"] = total(sum((mask.sum(dim=1) > 0).sum() for mask in kept))
+    if c.batch_normalize:
+        parts = [weight_total(c, x["old_logp"], x["behavior_logp"], x["mask"]) for x in calls]
+        counts["weight_total"] = total(torch.stack(parts).sum())
+    return counts
+
+
 def weight_total(correction: Correction, old_logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> Tensor:
     """This call's part of the total a batch-normalised correction averages (`behavior.weight_total`, its
     truncated weight from λ = log π_old − log μ): the trainer adds the parts of a minibatch's micro-batches
@@ -179,8 +203,8 @@ def correction_loss(
     kappa = logp.detach() - behavior_logp
     weight, keep, kept, truncated = _behaviour(c, x, weight_x, kappa, mask, advantages)
     N = _token_count(mask, token_count, logp)
-    answered = mask.sum(dim=-1) > 0  # responses with at least one token, as the aggregation's G counts
-    G = _token_count(mask, answered.sum() if sequence_count is None else sequence_count, logp)
+    answered = (mask.sum(dim=-1) > 0).sum()  # responses with a token, as the aggregation's G counts
+    G = _token_count(mask, answered if sequence_count is None else sequence_count, logp)
     if c.batch_normalize:
         level = c.weight
         total = behavior.weight_total(weight, mask, level) if weight_total is None else weight_total
@@ -188,24 +212,30 @@ def correction_loss(
     old = behavior_logp if c.bypass else old_logp
     per_token = _objective(c, logp, logp - old, advantages, rewards, mask, behavior_logp, weight)
     scaled = keep * per_token if c.objective == "reinforce" else keep * weight * per_token
+    loss_mask, tokens, sequences = mask, token_count, sequence_count
     if c.count_kept:
-        loss_mask, counts = mask * kept, (kept_token_count, kept_sequence_count)
-    else:
-        loss_mask, counts = mask, (token_count, sequence_count)
+        loss_mask, tokens, sequences = mask * kept, kept_token_count, kept_sequence_count
     loss = aggregate(
-        scaled, loss_mask, c.aggregation, token_count=counts[0], sequence_count=counts[1],
+        scaled, loss_mask, c.aggregation, token_count=tokens, sequence_count=sequences,
         response_count=response_count, scale=c.scale, sequence_mean=c.sequence_mean,
     )  # fmt: skip
-    dropped = answered & ((keep * mask).sum(dim=-1) == 0)
-    stats = {
-        "advantage": advantages,
+    none_kept = _token_count(loss_mask, tokens, logp) == 0
+    return LossOutput(loss, _statistics(advantages, weight, keep, truncated, mask, N, G, none_kept))
+
+
+def _statistics(
+    A: Tensor, weight: Tensor, keep: Tensor, truncated: Tensor, mask: Tensor, N: Tensor, G: Tensor, none_kept
+) -> dict:
+    """`correction_loss`'s statistics (its docstring), token fractions over the minibatch's N."""
+    dropped = (mask.sum(dim=-1) > 0) & ((keep * mask).sum(dim=-1) == 0)
+    return {
+        "advantage": A,
         "correction/weight_mean": _token_sum_over(keep * weight, mask, N),
         "correction/masked_frac": _token_sum_over(keep == 0, mask, N),
         "correction/truncated_frac": _token_sum_over(truncated, mask, N),
         "correction/masked_seq_frac": dropped.sum() / G,
-        "correction/none_kept": Max((_token_count(loss_mask, counts[0], logp) == 0).to(logp.dtype)),
+        "correction/none_kept": Max(none_kept.to(mask.dtype)),
     }
-    return LossOutput(loss, stats)
 
 
 def corrected_loss(
