@@ -80,6 +80,11 @@ class Correction:
     """The behaviour weight and its bounds read from a float32 log-ratio, as AReaL's ``rejection_sampling``
     computes them whatever the inputs' precision."""
 
+    @property
+    def rejects(self) -> bool:
+        """Whether a rejection or the M2 mask can take tokens out of the loss mask (`count_kept`)."""
+        return bool(self.rejections) or self.second_moment is not None
+
     def __post_init__(self):
         if self.sequence_mean not in SEQUENCE_MEANS:
             choices = ", ".join(SEQUENCE_MEANS)
@@ -316,6 +321,6 @@ def describe(correction: Correction) -> str:
     aggregation = c.aggregation
     if c.aggregation.startswith("seq-mean") and c.sequence_mean != "verl":
         aggregation += " (TRL's)"
-    if c.count_kept and (c.rejections or c.second_moment is not None):
+    if c.count_kept and c.rejects:
         aggregation += " of the kept tokens"
     return f"{text}; {aggregation}"

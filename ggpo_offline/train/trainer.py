@@ -257,9 +257,10 @@ class Trainer:
 
     @torch.no_grad()
     def _preset_inputs(self, micro: Minibatch, position: int, correction: Correction) -> dict[str, Tensor]:
-        """One micro-batch's mask and constants, and where a bypass rejection reads π_θ/μ (`reads_policy`)
-        π_θ's log-probs from the same forward as the step's, before it: the kept tokens are counted first."""
-        inputs = {"mask": micro.mask.to(self.device), **self._constants(micro, position)}
+        """One micro-batch's mask, and the constants and π_θ's log-probs (`reads_policy`) its counts read."""
+        inputs = {"mask": micro.mask.to(self.device)}
+        if correction.rejects or correction.batch_normalize:
+            inputs |= self._constants(micro, position)
         if reads_policy(correction):
             inputs["logp"] = self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)[0]
         return inputs

@@ -84,7 +84,7 @@ def kept_mask(
     and M2 mask: the trainer counts it over a minibatch's micro-batches and ranks (N, G of the kept tokens).
     ``logp`` (π_θ, detached) is read only by a bypass correction's rejections (`reads_policy`)."""
     mask = mask.to(behavior_logp.dtype)
-    if not (correction.rejections or correction.second_moment is not None):
+    if not correction.rejects:
         return mask
     x, _ = _log_ratio(correction, logp, old_logp, behavior_logp)
     return mask * _rejections_keep(correction, x, mask)
@@ -92,7 +92,7 @@ def kept_mask(
 
 def reads_policy(correction: Correction) -> bool:
     """Whether `kept_mask` reads π_θ: a bypass correction's rejections are read on π_θ/μ."""
-    return correction.bypass and bool(correction.rejections or correction.second_moment is not None)
+    return correction.bypass and correction.rejects
 
 
 def minibatch_counts(
@@ -108,7 +108,10 @@ def minibatch_counts(
     }
     c = correction
     if c.count_kept:
-        kept = [kept_mask(c, x.get("logp"), x.get("old_logp"), x["behavior_logp"], x["mask"]) for x in calls]
+        kept = [x["mask"] for x in calls]
+        if c.rejects:
+            kept = [kept_mask(c, x.get("logp"), x.get("old_logp"), x["behavior_logp"], x["mask"])
+                    for x in calls]  # fmt: skip
         counts["kept_token_count"] = total(sum(mask.sum() for mask in kept))
         counts["kept_sequence_count"] = total(sum((mask.sum(dim=1) > 0).sum() for mask in kept))
     if c.batch_normalize:
