@@ -7,10 +7,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ggpo_offline.pool.info import PoolInfo
-
 if TYPE_CHECKING:
     from ggpo_offline.evaluate.report import EvalReport
+    from ggpo_offline.pool.inspect import PoolSummary
 
 console = Console(stderr=True)  # progress bars
 stdout = Console(soft_wrap=True)  # results; long paths stay on one line
@@ -64,10 +63,10 @@ class GenerationProgress(_LazyProgress):
         )
 
 
-def print_summary(summary: dict, with_metadata: bool = False) -> None:
+def print_summary(summary: "PoolSummary", with_metadata: bool = False) -> None:
     """The `pool inspect` table (and the footer as indented JSON when asked)."""
-    info = PoolInfo.from_metadata(summary["metadata"])
-    table = Table(title=summary["path"], show_header=False)
+    info = summary.info
+    table = Table(title=summary.path, show_header=False)
     # Pools made before answer rules existed record none; their rewards came from math-verify.
     answer_rule = info.reward.answer_rule or "not recorded (an older pool: math-verify)"
     sampling = ("m", "temperature", "top_p", "top_k", "max_tokens", "seed")
@@ -77,26 +76,26 @@ def print_summary(summary: dict, with_metadata: bool = False) -> None:
         ("dataset", info.dataset.spec),
         ("answer rule", answer_rule),
         ("sampling", ", ".join(f"{k}={getattr(info.sampling, k)}" for k in sampling)),
-        ("groups", f"{summary['groups']:,}"),
-        ("responses", f"{summary['responses']:,}"),
-        ("mean reward", f"{summary['mean_reward']:.4f}"),
-        ("mixed groups", f"{summary['mixed_groups']:,} ({summary['mixed_frac']:.1%})"),
+        ("groups", f"{summary.groups:,}"),
+        ("responses", f"{summary.responses:,}"),
+        ("mean reward", f"{summary.mean_reward:.4f}"),
+        ("mixed groups", f"{summary.mixed_groups:,} ({summary.mixed_frac:.1%})"),
         (
             "all-wrong / all-right groups",
-            f"{summary['all_wrong_groups']:,} / {summary['all_right_groups']:,}",
+            f"{summary.all_wrong_groups:,} / {summary.all_right_groups:,}",
         ),
-        ("response tokens", f"{summary['tokens']:,} (mean length {summary['mean_length']:.1f})"),
+        ("response tokens", f"{summary.tokens:,} (mean length {summary.mean_length:.1f})"),
         (
             "length p10 / p50 / p90 / p99 / max",
-            " / ".join(str(summary[k]) for k in ("p10", "p50", "p90", "p99", "max_length")),
+            " / ".join(map(str, (summary.p10, summary.p50, summary.p90, summary.p99, summary.max_length))),
         ),
-        ("truncated (finish_reason=length)", f"{summary['truncated_frac']:.2%}"),
+        ("truncated (finish_reason=length)", f"{summary.truncated_frac:.2%}"),
         ("reward timeouts / errors", f"{info.reward.timeouts} / {info.reward.errors}"),
     ]
     seconds = info.generation_seconds
     if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):  # metadata may be hand-edited
         rows.append(
-            ("generation time", f"{seconds:.0f} s ({summary['tokens'] / max(seconds, 1e-9):,.0f} tokens/s)")
+            ("generation time", f"{seconds:.0f} s ({summary.tokens / max(seconds, 1e-9):,.0f} tokens/s)")
         )
     for key, value in rows:
         table.add_row(key, str(value))

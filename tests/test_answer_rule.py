@@ -34,7 +34,7 @@ from ggpo_offline.generate.rewards import (
 )
 from ggpo_offline.organism.measure import is_right
 from ggpo_offline.organism.styles import STYLES, prompt_class
-from ggpo_offline.pool.source import read_pool_metadata
+from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.pool.validate import validate_pool
 
 # What a rule pays, not how long it may take: with the 5 s default a loaded 2-core machine (load ~10) made a
@@ -269,17 +269,17 @@ def test_a_pool_on_arith_pays_only_the_boxed_number(tmp_path, scripted_engine):
         re.search(r"What is (.+?)\?", prompt).group(1)
         for prompt in frame.filter(pl.col("sample_idx") == 0)["prompt"]
     ]
-    reward = read_pool_metadata(pool)["reward"]
+    reward = read_pool_info(pool).raw["reward"]
     assert reward["answer_rule"] == "number"
     assert reward["answer_rules"] == {"number": ANSWER_RULE_DESCRIPTIONS["number"]}
     assert (reward["verifier"], reward["timeouts"], reward["errors"]) == (None, 0, 0)
-    assert read_pool_metadata(pool)["config"]["answer_rule"] == "auto"
+    assert read_pool_info(pool).raw["config"]["answer_rule"] == "auto"
 
 
 def test_a_pool_opting_back_into_math_verify_pays_the_expression(tmp_path, scripted_engine):
     pool = _scripted_pool(tmp_path, scripted_engine, "math-verify")
     assert pl.read_parquet(pool)["reward"].to_list() == [1.0, 1.0, 1.0, 0.0] * 6
-    reward = read_pool_metadata(pool)["reward"]
+    reward = read_pool_info(pool).raw["reward"]
     assert reward["answer_rule"] == "math-verify" and reward["verifier"].startswith("math-verify ")
 
 
@@ -306,7 +306,7 @@ def test_eval_records_each_benchmarks_rule_and_scores_each_under_it(tmp_path, sc
 
 def test_an_hf_pool_on_arith_records_and_applies_the_number_rule(hf_pool):
     frame = pl.read_parquet(hf_pool)
-    assert read_pool_metadata(hf_pool)["reward"]["answer_rule"] == "number"
+    assert read_pool_info(hf_pool).raw["reward"]["answer_rule"] == "number"
     for response, answer, reward, extracted in frame.select(
         "response", "answer", "reward", "extracted_answer"
     ).iter_rows():

@@ -14,13 +14,14 @@ from test_report import _record, _report, refuse_reading_back
 
 from ggpo_offline.compare import arc as arc_module
 from ggpo_offline.compare.arc import _records, ablation_runs, ablation_table, arc_report, styles_table
-from ggpo_offline.compare.comparison import MARKER
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
+from ggpo_offline.compare.manifest import CompareManifest, ManifestRun
 from ggpo_offline.compare.report import write_tables
 from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.train.records import RunSettings
 from ggpo_offline.train.run import RunFolder
 
 BASE_MODEL = "models/tiny"
@@ -49,7 +50,7 @@ def _write_run(folder: Path, seed: int, evals: dict[int, list[int]], config: dic
         path.parent.mkdir(parents=True, exist_ok=True)
         model = str(run.checkpoint(update)) if update else BASE_MODEL
         path.write_text(json.dumps(_scored(_report(name, evals[update], N), model).to_dict()))
-    run.config_file.write_text(json.dumps(config or {}))
+    RunSettings(config or {}).write(folder)
     run.metrics_file.write_text(json.dumps({"update": 0, "mismatch/drift": 0.01}) + "\n")
     fingerprints = {"pool_fingerprint": "pool", "data_order_fingerprint": f"plan-{seed}"}
     run.result_file.write_text(json.dumps(fingerprints | {"updates": final, "selected_update": selected}))
@@ -59,8 +60,17 @@ def _write_run(folder: Path, seed: int, evals: dict[int, list[int]], config: dic
 def _part(folder: Path, runs: dict[str, Path]) -> Path:
     """A compare report folder: its marker naming each run's folder."""
     folder.mkdir(parents=True, exist_ok=True)
-    marker = {"status": "finished", "runs": {name: {"folder": str(path)} for name, path in runs.items()}}
-    (folder / MARKER).write_text(json.dumps(marker))
+    CompareManifest(
+        status="finished",
+        tool_version="0",
+        updated="2026-01-01T00:00:00+00:00",
+        command="ggpo compare",
+        pool="pool.parquet",
+        methods=(),
+        seeds=(),
+        runs={name: ManifestRun(str(path), "train") for name, path in runs.items()},
+        data_order_fingerprints={},
+    ).write(folder)
     return folder
 
 

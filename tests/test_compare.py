@@ -14,7 +14,7 @@ from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
 from ggpo_offline.compare.figures import CHECKPOINT_FIGURES
 from ggpo_offline.compare.report import FIGURES, Counts, RunRecord, check_data_plans, write_tables
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.run import RunResult
+from ggpo_offline.train.records import RunResult, RunSettings
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -32,7 +32,7 @@ def _record(method: str, seed: int, plan: str = "plan", pool: str = "pool") -> R
         method=method,
         seed=seed,
         run_dir=Path(f"runs/{method}-s{seed}"),
-        config={"eval_n": 4},
+        settings=RunSettings({"eval_n": 4}),
         result=RunResult(pool_fingerprint=pool, data_order_fingerprint=plan),
         evals={},
         metrics=[],

@@ -290,10 +290,13 @@ def test_diagnostics_csv_has_the_correction_columns_only_when_a_run_logged_them(
     from types import SimpleNamespace
 
     from ggpo_offline.compare.report import CORRECTION_DIAGNOSTICS, DIAGNOSTICS, write_diagnostics
+    from ggpo_offline.train.records import RunSettings
 
-    plain = SimpleNamespace(method="grpo", seed=1, config={}, metrics=[{"update": 0, "mismatch/k3": 0.5}])
+    plain = SimpleNamespace(
+        method="grpo", seed=1, settings=RunSettings({}), metrics=[{"update": 0, "mismatch/k3": 0.5}]
+    )
     masked = {"update": 0, **dict.fromkeys(CORRECTION_DIAGNOSTICS, 0.25)}
-    preset = SimpleNamespace(method="trl-sequence-mask", seed=1, config={}, metrics=[masked])
+    preset = SimpleNamespace(method="trl-sequence-mask", seed=1, settings=RunSettings({}), metrics=[masked])
     path = tmp_path / "diagnostics.csv"
     write_diagnostics([plain], path)
     assert path.read_text().splitlines()[0] == ",".join(("method", "seed", "update", *DIAGNOSTICS))

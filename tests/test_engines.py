@@ -11,7 +11,7 @@ from ggpo_offline.generate.engines.base import cut_at_eos
 from ggpo_offline.generate.prompts import encode_prompt, format_prompt
 from ggpo_offline.generate.rewards import score_response
 from ggpo_offline.pool.schema import POOL_SCHEMA
-from ggpo_offline.pool.source import read_pool_metadata
+from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.pool.validate import validate_pool
 
 
@@ -90,7 +90,7 @@ def test_vllm_pool_is_valid_and_readable_without_this_package(vllm_pool, tiny_di
         (pl.col("response_token_ids").list.len() == pl.col("behavior_logprobs").list.len()).all()
     ).item()
     assert lengths_equal
-    meta = read_pool_metadata(vllm_pool)
+    meta = read_pool_info(vllm_pool).raw
     assert meta["engine"]["name"] == "vllm" and meta["sampling"]["logprobs_mode"] == "processed_logprobs"
     assert meta["counts"]["responses"] == 320 and meta["counts"]["groups"] == 40
     assert meta["counts"]["mean_reward"] == pytest.approx(frame["reward"].mean(), abs=1e-6)
@@ -113,7 +113,7 @@ def test_vllm_pool_rewards_equal_a_fresh_score_under_the_number_rule(vllm_pool):
         fresh = score_response(response, answer, rule="number")  # arith: answer rule auto = number
         assert (fresh.reward, fresh.extracted_answer) == (reward, extracted)
     assert 0 < frame["reward"].mean() < 1  # the tiny model is neither hopeless nor perfect
-    reward_meta = read_pool_metadata(vllm_pool)["reward"]
+    reward_meta = read_pool_info(vllm_pool).raw["reward"]
     assert (reward_meta["timeouts"], reward_meta["errors"]) == (0, 0)
 
 
@@ -178,7 +178,7 @@ def test_mixed_only_keeps_only_groups_with_some_right_and_some_wrong(vllm_pool, 
     expected = sorted(sums.filter((pl.col("reward") > 0) & (pl.col("reward") < 8))["group_id"].to_list())
     assert sorted(mixed["group_id"].unique().to_list()) == expected
     assert mixed.equals(full.filter(pl.col("group_id").is_in(expected)))
-    assert read_pool_metadata(config.out)["counts"]["groups"] == len(expected)
+    assert read_pool_info(config.out).raw["counts"]["groups"] == len(expected)
 
 
 def test_hf_same_seed_same_pool(tmp_path):

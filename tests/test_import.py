@@ -16,7 +16,7 @@ from ggpo_offline.core.model_io import tiny_model_dir
 from ggpo_offline.importing.config import ImportConfig
 from ggpo_offline.importing.importer import import_pool
 from ggpo_offline.pool.schema import METADATA_KEY
-from ggpo_offline.pool.source import read_pool_metadata
+from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.pool.validate import validate_pool
 
 TOKEN_COLUMNS = ("prompt_token_ids", "response_token_ids", "behavior_logprobs", "reward", "finish_reason")
@@ -153,7 +153,7 @@ def test_text_only_rollouts_are_rescored_under_the_model(hf_pool, tmp_path, layo
         (source,) = write_verl(hf_pool, tmp_path / "dump")
         settings = {
             "fields": VERL_FIELDS,
-            "max_tokens": read_pool_metadata(hf_pool)["sampling"]["max_tokens"],
+            "max_tokens": read_pool_info(hf_pool).raw["sampling"]["max_tokens"],
         }
     else:
         lines = [

@@ -16,7 +16,7 @@ from ggpo_offline.evaluate.report import write_json
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.pool.writer import PoolWriter
 from ggpo_offline.train import checkpoint
-from ggpo_offline.train.checkpoint import save_checkpoint
+from ggpo_offline.train.checkpoint import RunState, save_checkpoint
 
 ROOT = os.geteuid() == 0  # root writes into read-only folders, so chmod cannot make one here
 
@@ -116,10 +116,14 @@ class FakeModel:
             raise self.error
 
 
+def _state(update: int) -> RunState:
+    return RunState(update, None, [], None, None, {}, 1)
+
+
 def test_checkpoint_replaces_the_earlier_one_without_leftovers(tmp_path):
     path = tmp_path / "checkpoints" / "update-000002"
-    save_checkpoint(path, FakeModel("old"), FakeModel("old"), {"update": 1})
-    save_checkpoint(path, FakeModel("new"), FakeModel("new"), {"update": 2})
+    save_checkpoint(path, FakeModel("old"), FakeModel("old"), _state(1))
+    save_checkpoint(path, FakeModel("new"), FakeModel("new"), _state(2))
     assert (path / "weights.txt").read_text() == "new"
     assert leftovers(path.parent, {path.name}) == []
 
@@ -135,10 +139,10 @@ def test_checkpoint_replaces_the_earlier_one_without_leftovers(tmp_path):
 )
 def test_checkpoint_on_a_full_disk_keeps_the_earlier_one(tmp_path, monkeypatch, error, free_bytes):
     path = tmp_path / "checkpoints" / "update-000002"
-    save_checkpoint(path, FakeModel("old"), FakeModel("old"), {"update": 2})
+    save_checkpoint(path, FakeModel("old"), FakeModel("old"), _state(2))
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda folder: SimpleNamespace(free=free_bytes))
     with pytest.raises(UserError, match=rf"^cannot write checkpoint {path}: No space left on device$"):
-        save_checkpoint(path, FakeModel("new", error), FakeModel("new"), {"update": 2})
+        save_checkpoint(path, FakeModel("new", error), FakeModel("new"), _state(2))
     assert (path / "weights.txt").read_text() == "old"
     assert leftovers(path.parent, {path.name}) == []
 

@@ -12,7 +12,7 @@ from conftest import synthetic_metadata, synthetic_rows, write_synthetic_pool
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.pool.schema import METADATA_KEY, POOL_SCHEMA
-from ggpo_offline.pool.source import read_pool_metadata
+from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.pool.validate import PoolInvalid, validate_pool
 from ggpo_offline.pool.writer import PoolWriter
 
@@ -30,7 +30,7 @@ def test_roundtrip_with_plain_pyarrow_and_polars(tmp_path):
     frame = pl.read_parquet(path)
     assert frame.height == 20 and frame["reward"].to_list() == [r["reward"] for r in rows]
     meta = json.loads(pq.read_metadata(path).metadata[METADATA_KEY])
-    assert meta == synthetic_metadata(4) == read_pool_metadata(path)
+    assert meta == synthetic_metadata(4) == read_pool_info(path).raw
 
 
 def test_provenance_is_the_schema_metadata_arrow_readers_look_at(tmp_path):
@@ -159,10 +159,12 @@ def test_inspect_summary_matches_a_direct_computation(tmp_path):
     summary = pool_summary(path)
     rewards = np.array([r["reward"] for r in rows]).reshape(9, 4).sum(axis=1)
     lengths = np.array([len(r["response_token_ids"]) for r in rows])
-    assert summary["groups"] == 9 and summary["responses"] == 36
-    assert summary["mixed_groups"] == int(((rewards > 0) & (rewards < 4)).sum())
-    assert summary["all_wrong_groups"] == int((rewards == 0).sum())
-    assert summary["mean_reward"] == pytest.approx(np.mean([r["reward"] for r in rows]))
-    assert summary["tokens"] == lengths.sum() and summary["max_length"] == lengths.max()
-    assert summary["truncated_frac"] == pytest.approx(np.mean([r["finish_reason"] == "length" for r in rows]))
-    assert summary["p50"] in set(lengths.tolist())
+    assert summary.groups == 9 and summary.responses == 36
+    assert summary.mixed_groups == int(((rewards > 0) & (rewards < 4)).sum())
+    assert summary.all_wrong_groups == int((rewards == 0).sum())
+    assert summary.mean_reward == pytest.approx(np.mean([r["reward"] for r in rows]))
+    assert summary.tokens == lengths.sum() and summary.max_length == lengths.max()
+    assert summary.truncated_frac == pytest.approx(np.mean([r["finish_reason"] == "length" for r in rows]))
+    assert summary.p50 in set(lengths.tolist())
+    assert summary.mixed_frac == summary.mixed_groups / 9 and summary.path == str(path)
+    assert summary.info == read_pool_info(path)  # the footer, typed

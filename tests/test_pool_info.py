@@ -25,7 +25,7 @@ from ggpo_offline.evaluate.evaluator import resolve_sampling
 from ggpo_offline.generate.pipeline import SEED_DERIVATION
 from ggpo_offline.pool.info import PoolEngine, PoolInfo, PoolSampling
 from ggpo_offline.pool.schema import METADATA_KEY
-from ggpo_offline.pool.source import read_pool_info, read_pool_metadata
+from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.inputs import plan_data, read_inputs
@@ -34,7 +34,7 @@ from ggpo_offline.train.plan import check_pool, check_sampling, index_pool, pool
 
 def test_a_generated_pools_info_holds_what_generation_was_given(hf_pool, tiny_dir):
     info = read_pool_info(hf_pool)
-    assert info.raw == read_pool_metadata(hf_pool)
+    assert info.raw == json.loads(pq.read_metadata(hf_pool).metadata[METADATA_KEY])  # the footer as stored
     assert PoolInfo.from_metadata(json.loads(json.dumps(info.raw))) == info  # parsed from JSON alone
     assert validate_pool(hf_pool).info == info  # what validation checked is what callers get
 

@@ -188,7 +188,7 @@ def _check_pool_rows(pool: Path, tokenizer, model_dir: Path, num_prompts: int, s
 def test_a_vllm_chat_pool_on_the_rehearsal_model_is_valid_token_by_token(rehearsal_dir, tokenizer, tmp_path):
     """`ggpo generate-pool` in a process of its own: closing a second vLLM engine in this process would tear
     down vLLM's process-wide parallel state under the session's engine on the tiny model."""
-    from ggpo_offline.pool.source import read_pool_metadata
+    from ggpo_offline.pool.source import read_pool_info
     from ggpo_offline.pool.validate import validate_pool
 
     pool = tmp_path / "vllm.parquet"
@@ -200,7 +200,7 @@ def test_a_vllm_chat_pool_on_the_rehearsal_model_is_valid_token_by_token(rehears
     assert result.returncode == 0, result.stderr
     report = validate_pool(pool)
     assert (report.groups, report.group_size, report.rows) == (8, 4, 32)
-    meta = read_pool_metadata(pool)
+    meta = read_pool_info(pool).raw
     assert meta["engine"]["name"] == "vllm" and meta["dtype"] == "float32"
     assert meta["prompt_template"]["kind"] == "chat"
     reasons = _check_pool_rows(pool, tokenizer, rehearsal_dir, num_prompts=8, seed=0)

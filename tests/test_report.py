@@ -16,7 +16,7 @@ from ggpo_offline.compare.stats import holm
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.evaluate.scores import aggregate
-from ggpo_offline.train.run import RunResult
+from ggpo_offline.train.records import RunResult, RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
 CEILINGS = REPO / "ggpo_offline" / "organism" / "tiny_model" / "styles.json"
@@ -39,7 +39,7 @@ def _record(method, seed, evals, tests=None, selected=None, drift=(), n=4) -> Ru
         method=method,
         seed=seed,
         run_dir=Path(f"runs/{method}-s{seed}"),
-        config={},
+        settings=RunSettings({}),
         result=RunResult(pool_fingerprint="pool", data_order_fingerprint="plan", selected_update=selected),
         evals={u: _report("arith-validation", c, n) for u, c in evals.items()},
         metrics=[{"update": u, "mismatch/drift": d} for u, d in enumerate(drift)],
@@ -389,7 +389,7 @@ def _arith_record(method: str, test_counts: list[int], selected: int = 10, seed:
         method=method,
         seed=seed,
         run_dir=Path(f"runs/{method}-s{seed}"),
-        config={},
+        settings=RunSettings({}),
         result=RunResult(pool_fingerprint="pool", data_order_fingerprint="plan", selected_update=selected),
         evals={0: report("validation", base), selected: report("validation", test_counts)},
         metrics=[],

@@ -17,7 +17,7 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 from ggpo_offline.pool.partial import PROGRESS_FILE, partial_dir
-from ggpo_offline.pool.source import read_pool_metadata
+from ggpo_offline.pool.source import read_pool_info
 
 
 class Crash(Exception):
@@ -61,7 +61,7 @@ def test_a_crashed_run_resumes_and_ends_with_the_uninterrupted_pool(tmp_path):
     assert seen == [(8, 12)]  # only the third batch was sampled again
     assert pq.read_table(out).equals(pq.read_table(whole))
     assert pq.ParquetFile(out).num_row_groups == pq.ParquetFile(whole).num_row_groups == 3
-    meta, expected = read_pool_metadata(out), read_pool_metadata(whole)
+    meta, expected = read_pool_info(out).raw, read_pool_info(whole).raw
     assert meta["counts"] == expected["counts"] and meta["reward"] == expected["reward"]
     assert not partial_dir(out).exists()
 
@@ -80,13 +80,13 @@ def test_a_changed_command_refuses_to_resume_and_names_the_difference(tmp_path):
     assert {p.name: p.read_bytes() for p in partial_dir(out).iterdir()} == before
     # Batch size and reward workers do not change a prompt's rows: the run resumes.
     generate_pool(hf_config(out, batch_prompts=8, reward_workers=1))
-    assert read_pool_metadata(out)["counts"]["prompts"] == 12
+    assert read_pool_info(out).raw["counts"]["prompts"] == 12
 
     with pytest.raises(Crash):
         generate_pool(hf_config(tmp_path / "b.parquet", num_prompts=4), on_batch=crash_after(1))
     # --overwrite starts over instead of refusing
     fresh = generate_pool(hf_config(tmp_path / "b.parquet", seed=4, num_prompts=4, overwrite=True))
-    assert read_pool_metadata(fresh)["sampling"]["seed"] == 4 and not partial_dir(fresh).exists()
+    assert read_pool_info(fresh).raw["sampling"]["seed"] == 4 and not partial_dir(fresh).exists()
 
 
 @pytest.mark.kill

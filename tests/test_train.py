@@ -422,7 +422,8 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     from ggpo_offline.evaluate.evaluator import Evaluator, evaluate
     from ggpo_offline.evaluate.report import EvalReport
     from ggpo_offline.train.evaluation import eval_config, selected_update
-    from ggpo_offline.train.run import RunFolder, RunResult
+    from ggpo_offline.train.records import RunResult
+    from ggpo_offline.train.run import RunFolder
 
     config = _config(
         vllm_pool, tmp_path, eval_every=2, eval_n=4, eval_num_problems=12, eval_ks=(1, 2, 4), lr=2e-3,
@@ -470,6 +471,7 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
         record = RunResult if path == folder.result_file else EvalReport
         text = path.read_text()
         assert json.dumps(record.from_dict(json.loads(text)).to_dict(), indent=2) + "\n" == text, path
+    assert json.dumps(folder.read_settings().values, indent=2) == folder.config_file.read_text()
 
     # A fresh engine loads the final model (update 4's weights, as training saves every model) and scores
     # both splits at once: each prompt's sampling seed depends on the seed and its id alone.
@@ -507,7 +509,7 @@ WRITTEN_RESULT = """{
 
 def test_result_json_reads_back_typed_writes_the_same_bytes_and_tolerates_missing_keys():
     from ggpo_offline.train.inputs import Fingerprints
-    from ggpo_offline.train.run import RunResult
+    from ggpo_offline.train.records import RunResult
 
     result = RunResult.from_dict(json.loads(WRITTEN_RESULT))
     assert json.dumps(result.to_dict(), indent=2) + "\n" == WRITTEN_RESULT

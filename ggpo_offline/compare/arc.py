@@ -11,9 +11,9 @@ import numpy as np
 from ggpo_offline import __version__
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.ceilings import read_ceilings
-from ggpo_offline.compare.comparison import MARKER
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import Counts
+from ggpo_offline.compare.manifest import MARKER, CompareManifest
 from ggpo_offline.compare.report import STATISTICS, Report, write_report
 from ggpo_offline.compare.runs import (
     RunRecord,
@@ -27,9 +27,9 @@ from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.generate.engines.base import EngineName
-from ggpo_offline.pool.info import PoolInfo
-from ggpo_offline.pool.inspect import pool_summary
+from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train.learners import learner
+from ggpo_offline.train.records import RunId
 from ggpo_offline.train.run import RunFolder
 
 ABLATIONS_FILE = "ablations.md"
@@ -73,10 +73,10 @@ def write_readme(
     """The arc's README: what ran, the tables (``report``), the ablations, the style shares and how to
     recompute them."""
     out = config.out
-    info = PoolInfo.from_metadata(pool_summary(Path(records[0].config["pool"])).get("metadata", {}))
-    settings = records[0].config
-    refresh = [r.config["ref_refresh"] for r in records if r.config.get("ref_refresh") is not None]
-    rates = {display(r.method): rate_text(r.config["lr"]) for r in records}
+    settings = records[0].settings
+    info = read_pool_info(settings.pool)
+    refresh = [r.settings.ref_refresh for r in records if r.settings.ref_refresh is not None]
+    rates = {display(r.method): rate_text(r.settings.lr) for r in records}
     one_rate = len(set(rates.values())) == 1
     lr = rates.popitem()[1] if one_rate else "per learner " + ", ".join(f"{m} {v}" for m, v in rates.items())
     sections = [
@@ -86,12 +86,12 @@ def write_readme(
         f" `ggpo arc-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}.",
         f"Methods: {', '.join(display(m) for m in config.methods)};"
         f" seeds {', '.join(map(str, config.seeds))};"
-        f" pool `{settings['pool']}` ({info.model.name}, `{info.dataset_spec}`, m = {info.sampling.m});"
-        f" U = {settings['updates']} updates of G = {settings['groups_per_batch']} groups, lr {lr},"
-        f" β {settings['beta']}, T_ref {refresh[0] if refresh else 'never'} (learners"
+        f" pool `{settings.pool}` ({info.model.name}, `{info.dataset_spec}`, m = {info.sampling.m});"
+        f" U = {settings.updates} updates of G = {settings.groups_per_batch} groups, lr {lr},"
+        f" β {settings.beta}, T_ref {refresh[0] if refresh else 'never'} (learners"
         " that refresh π_ref), validation"
-        f" evaluation every {settings['eval_every']} updates ({settings['eval_num_problems']} problems ×"
-        f" {settings['eval_n']}), test once per run at the end ({settings['test_num_problems']} problems).",
+        f" evaluation every {settings.eval_every} updates ({settings.eval_num_problems} problems ×"
+        f" {settings.eval_n}), test once per run at the end ({settings.test_num_problems} problems).",
         "Within a seed every method replays the same minibatches in the same order.",
         "",
         "## Statistics",
@@ -127,15 +127,11 @@ def write_readme(
 
 def part_records(part: Path) -> list[RunRecord]:
     """The finished runs a compare report folder lists in its marker."""
-    marker = part / MARKER
-    if not marker.is_file():
-        raise UserError(f"{part}: no {MARKER}; give folders written by ggpo compare")
     records = []
-    for name, run in json.loads(marker.read_text())["runs"].items():
-        if not RunFolder(Path(run["folder"])).is_finished():  # a compare stopped early lists it all the same
+    for run, folder in CompareManifest.read(part).run_folders().items():
+        if not RunFolder(folder).is_finished():  # a compare stopped early lists it all the same
             continue
-        method, _, seed = name.rpartition("-s")
-        records.append(load_run(Path(run["folder"]), method, int(seed)))
+        records.append(load_run(folder, run.method, run.seed))
     return records
 
 
@@ -148,7 +144,7 @@ def _records(parts: tuple[str, ...], methods: tuple[str, ...], seeds: tuple[int,
             if key in found:
                 raise UserError(f"{record.method} seed {record.seed} is in two of the parts")
             found[key] = record
-    missing = [f"{m}-s{s}" for s in seeds for m in methods if (m, s) not in found]
+    missing = [RunId(m, s).folder_name for s in seeds for m in methods if (m, s) not in found]
     if missing:
         raise UserError(f"the parts hold no finished run {', '.join(missing)}")
     return [found[(m, s)] for s in seeds for m in methods]

@@ -122,10 +122,11 @@ def read_evidence(report_dir: Path) -> Evidence:
 
 
 def _read_costs(report_dir: Path, counts: Counts, problems: int) -> Costs:
+    from ggpo_offline.train.records import RunId
     from ggpo_offline.train.run import RunFolder
 
     profiles = {
-        run: RunFolder(report_dir / RUNS_FOLDER / f"{run[0]}-s{run[1]}").read_profile()
+        run: RunFolder(report_dir / RUNS_FOLDER / RunId(*run).folder_name).read_profile()
         for run in itertools.product(counts.methods, counts.seeds)
     }
     profiles = {run: phases for run, phases in profiles.items() if phases}

@@ -1,6 +1,5 @@
 """`ggpo compare`: every method × seed on one pool, one data plan per seed, reported as tables and figures."""
 
-import json
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -12,6 +11,7 @@ from ggpo_offline.compare.budget import budgeted
 from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings
 from ggpo_offline.compare.config import RUNS_FOLDER, CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE
+from ggpo_offline.compare.manifest import MARKER, CompareManifest, ManifestRun
 from ggpo_offline.compare.readme import reproduce_command, write_readme
 from ggpo_offline.compare.report import (
     DIAGNOSTICS_FILE,
@@ -32,6 +32,7 @@ from ggpo_offline.train.inputs import Fingerprints, RunInputs, plan_data, read_i
 from ggpo_offline.train.learners import learner
 from ggpo_offline.train.plan import CheckedPool, check_pool
 from ggpo_offline.train.preview import Estimate, estimate, run_folders_near
+from ggpo_offline.train.records import RunId, RunResult, RunSettings
 from ggpo_offline.train.run import RunFolder
 
 # The train modules that load torch and transformers are imported inside the functions that train, so a
@@ -39,7 +40,6 @@ from ggpo_offline.train.run import RunFolder
 
 EVALUATIONS_PER_RUN = 5
 """Without --eval-every, runs are evaluated every U/5 updates (the paper: every 80 of 400)."""
-MARKER = "compare.json"
 TRACKING_SETTINGS = ("tracking_uri", "experiment", "no_tracking")
 
 
@@ -102,7 +102,7 @@ def run_configs(config: CompareConfig) -> list[TrainConfig]:
     for seed in config.seeds:
         for method in config.methods:
             per_run = {"pool": Path(config.pool), "method": method, "seed": seed}
-            out = config.report_dir / RUNS_FOLDER / f"{method}-s{seed}"
+            out = config.report_dir / RUNS_FOLDER / RunId(method, seed).folder_name
             run = config_for(config.preset, {**learner(method).keep_read(shared), **per_run, "out": out})
             if run.eval_every is None:
                 run = replace(run, eval_every=max(1, run.updates // EVALUATIONS_PER_RUN))
@@ -130,20 +130,15 @@ def plan(config: CompareConfig, pool: CheckedPool) -> list[PlannedRun]:
     for run in runs:
         fingerprints = plan_data(run, pool.index, pool.fingerprint).fingerprints  # what `train` will replay
         action = _action(run, fingerprints, config.rerun)
-        planned.append(PlannedRun(run, action, fingerprints, _finished_stamp(run.run_dir)))
+        planned.append(PlannedRun(run, action, fingerprints, RunResult.finished_stamp(run.run_dir)))
     return planned
-
-
-def _finished_stamp(run_dir: Path) -> int | None:
-    result = RunFolder(run_dir).result_file
-    return result.stat().st_mtime_ns if result.is_file() else None
 
 
 def _now(run: PlannedRun) -> PlannedRun:
     """What to do with ``run`` now that this compare holds its claim (`sharing`): reuse it when another
     compare side by side finished it since `plan` looked; else as planned, or, where another compare left
     it unfinished, resume or replace it as `plan` would."""
-    finished = _finished_stamp(run.config.run_dir)
+    finished = RunResult.finished_stamp(run.config.run_dir)
     if finished is not None and finished != run.finished_stamp:
         return replace(run, action="reuse")
     if run.action == "replace" or (run.action == "reuse" and finished is not None):
@@ -157,7 +152,7 @@ def _action(run: TrainConfig, fingerprints: Fingerprints, rerun: bool) -> str:
         return "train"
     if rerun:
         return "replace"
-    differing = _differences(folder.read_config(), {**run.to_dict(), **fingerprints.to_dict()})
+    differing = _differences(folder.read_settings(), RunSettings.of(run, fingerprints.to_dict()))
     if differing:
         raise UserError(
             f"{folder.path} holds a run with other settings or another pool ({differing}); pass --rerun to "
@@ -168,13 +163,13 @@ def _action(run: TrainConfig, fingerprints: Fingerprints, rerun: bool) -> str:
     return "resume" if folder.latest_checkpoint() is not None else "replace"
 
 
-def _differences(saved: dict, expected: dict) -> str:
+def _differences(saved_run: RunSettings, expected_run: RunSettings) -> str:
     """The settings in which a saved run differs from the one wanted, as ``name: saved -> wanted``.
 
     Where a run was logged does not change its results, and a setting the run predates counts as
     matching when the wanted value is that setting's default (the run behaved as the default does).
     """
-    defaults = TrainConfig().to_dict()
+    defaults, saved, expected = TrainConfig().to_dict(), saved_run.values, expected_run.values
     missing = object()
     differing = []
     for key in sorted(set(saved) | set(expected)):
@@ -330,15 +325,14 @@ def _adopt_children(shared: TrainConfig, parent_run_id: str, records: list[RunRe
 
 
 def _write_marker(report_dir: Path, config: CompareConfig, planned, status: str, data_plans=None) -> None:
-    record = {
-        "status": status,
-        "tool_version": __version__,
-        "updated": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": reproduce_command(config),
-        "pool": str(config.pool),
-        "methods": list(config.methods),
-        "seeds": list(config.seeds),
-        "runs": {r.config.run_name: {"folder": str(r.config.run_dir), "action": r.action} for r in planned},
-        "data_order_fingerprints": {str(s): f for s, f in (data_plans or {}).items()},
-    }
-    (report_dir / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    CompareManifest(
+        status=status,
+        tool_version=__version__,
+        updated=datetime.now(UTC).isoformat(timespec="seconds"),
+        command=reproduce_command(config),
+        pool=str(config.pool),
+        methods=tuple(config.methods),
+        seeds=tuple(config.seeds),
+        runs={r.config.run_name: ManifestRun(str(r.config.run_dir), r.action) for r in planned},
+        data_order_fingerprints={str(s): f for s, f in (data_plans or {}).items()},
+    ).write(report_dir)

@@ -9,13 +9,13 @@ import numpy as np
 from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.checkpoint_metrics import PROBE_METRICS
+from ggpo_offline.train.metric_names import MISMATCH_DRIFT, UPDATE
 
 COUNTS_FILE = "counts.json"
 FORMAT = "ggpo-offline counts 1"
 SPLITS = ("validation", "test")
 """validation: the in-training evaluations (training and checkpoint selection read them); test: evaluated
 once per run at the end, for the selected and the final checkpoint."""
-DRIFT = "mismatch/drift"
 DRIFT_DIGITS = 6
 """Significant digits kept of the drift series, on reading the runs as on reading the file, so that a table
 recomputed from counts.json matches the one written beside it."""
@@ -79,7 +79,7 @@ class Counts:
             for r in records
             if r.result.selected_update is not None
         }
-        drift = {(r.method, r.seed): _series(r.metrics, (DRIFT,)) for r in records}
+        drift = {(r.method, r.seed): _series(r.metrics, (MISMATCH_DRIFT,)) for r in records}
         probe = {(r.method, r.seed): _series(r.metrics, PROBE_METRICS) for r in records}
         probe = probe if all(probe.values()) else {}  # a frontier needs every run's
         counts = cls(tuple(methods), tuple(seeds), n, ks, prompts, correct, selected, drift, probe)
@@ -230,7 +230,7 @@ def _agree(found: dict, split: str, value, where: str, what: str) -> None:
 def _series(metrics: list[dict], names: tuple[str, ...]) -> tuple[tuple, ...]:
     """(update, *values of ``names``) of every record that logged them all, each to DRIFT_DIGITS digits."""
     return tuple(
-        (record["update"], *(float(f"{record[name]:.{DRIFT_DIGITS}g}") for name in names))
+        (record[UPDATE], *(float(f"{record[name]:.{DRIFT_DIGITS}g}") for name in names))
         for record in metrics
         if all(record.get(name) is not None for name in names)
     )

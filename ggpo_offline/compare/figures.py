@@ -12,6 +12,13 @@ from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.compare.tables import display
 from ggpo_offline.train.checkpoint_metrics import GENERATED_PREFIX
 from ggpo_offline.train.learners import learner
+from ggpo_offline.train.metric_names import (
+    GRAD_NORM,
+    MISMATCH_DRIFT,
+    MISMATCH_ESS_BLOCK,
+    POLICY_ENTROPY,
+    UPDATE,
+)
 
 FIGURES = ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png", "entropy.png")
 """The figures of every report; runs that measured their drift from π0 and what they generated add
@@ -21,7 +28,7 @@ PANELS_PER_ROW = 4
 
 
 def _series(record: RunRecord, key: str) -> tuple[list[int], list[float]]:
-    points = [(r["update"], r[key]) for r in record.metrics if r.get(key) is not None]
+    points = [(r[UPDATE], r[key]) for r in record.metrics if r.get(key) is not None]
     return [u for u, _ in points], [v for _, v in points]
 
 
@@ -87,19 +94,19 @@ def _panels(records: list[RunRecord], scores: Scores, methods: list[str]) -> lis
         ("accuracy.png", lambda ax: _plot_accuracy(ax, scores, methods)),
         (
             "log_ratio.png",
-            lambda ax: _plot_diagnostic(ax, first, "mismatch/drift", "token-mean |log π_θ/μ|", log=True),
+            lambda ax: _plot_diagnostic(ax, first, MISMATCH_DRIFT, "token-mean |log π_θ/μ|", log=True),
         ),
         (
             "ess.png",
-            lambda ax: _plot_diagnostic(ax, first, "mismatch/ess_block", "normalized sequence ESS", log=True),
+            lambda ax: _plot_diagnostic(ax, first, MISMATCH_ESS_BLOCK, "normalized sequence ESS", log=True),
         ),
         (
             "grad_norm.png",
-            lambda ax: _plot_diagnostic(ax, first, "optim/grad_norm", "gradient norm", log=False),
+            lambda ax: _plot_diagnostic(ax, first, GRAD_NORM, "gradient norm", log=False),
         ),
         (
             "entropy.png",
-            lambda ax: _plot_diagnostic(ax, first, "policy/entropy", "token entropy (nats)", log=False),
+            lambda ax: _plot_diagnostic(ax, first, POLICY_ENTROPY, "token entropy (nats)", log=False),
         ),
         *((name, draw) for name, draw, shown in checkpoint_panels if shown),
     ]

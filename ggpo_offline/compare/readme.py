@@ -12,7 +12,6 @@ from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, STATISTICS, Report, RunRecord
 from ggpo_offline.core import markdown
 from ggpo_offline.core.settings import to_flags
-from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.train.config import PER_RUN, TrainConfig, given_settings
 
@@ -101,7 +100,7 @@ def _statistics() -> list[str]:
 
 def _pool(config: CompareConfig, fingerprint: str) -> list[str]:
     summary = pool_summary(Path(config.pool))
-    info = PoolInfo.from_metadata(summary.get("metadata", {}))
+    info = summary.info
     return [
         "## Pool",
         "",
@@ -109,8 +108,8 @@ def _pool(config: CompareConfig, fingerprint: str) -> list[str]:
         f"- fingerprint (sha256): `{fingerprint}`",
         f"- model: `{info.model.name}`, weights sha256 `{info.model.weights_sha256}`",
         f"- dataset: `{info.dataset_spec}`",
-        f"- {summary['groups']} groups × m = {info.sampling.m} = {summary['responses']} "
-        f"responses, mean reward {summary['mean_reward']:.3f}, {summary['mixed_groups']} mixed groups",
+        f"- {summary.groups} groups × m = {info.sampling.m} = {summary.responses} "
+        f"responses, mean reward {summary.mean_reward:.3f}, {summary.mixed_groups} mixed groups",
         f"- sampling: `{json.dumps(info.raw.get('sampling', {}), sort_keys=True)}`",
         "",
     ]

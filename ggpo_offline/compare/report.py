@@ -16,6 +16,17 @@ from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run
 from ggpo_offline.compare.tables import CSV_FIELDS, accuracy_section, end_section, ends, table5_section
 from ggpo_offline.compare.variance import variance_section
 from ggpo_offline.train.checkpoint_metrics import CHECKPOINT_METRICS
+from ggpo_offline.train.metric_names import (
+    GRAD_NORM,
+    MISMATCH_DRIFT,
+    MISMATCH_ESS,
+    MISMATCH_ESS_BLOCK,
+    MISMATCH_K3,
+    POLICY_ENTROPY,
+    REF_LOG_RATIO,
+    RESPONSE_LENGTH,
+    UPDATE,
+)
 
 STATISTICS = (
     "Every difference between two methods is paired: all methods are evaluated on the same problems with the"
@@ -41,8 +52,8 @@ STATISTICS = (
 
 DIAGNOSTICS_FILE = "diagnostics.csv"
 DIAGNOSTICS = (
-    "mismatch/drift", "mismatch/k3", "mismatch/ess", "mismatch/ess_block", "ref/log_ratio", "policy/entropy",
-    "optim/grad_norm", "train/response_length",
+    MISMATCH_DRIFT, MISMATCH_K3, MISMATCH_ESS, MISMATCH_ESS_BLOCK,
+    REF_LOG_RATIO, POLICY_ENTROPY, GRAD_NORM, RESPONSE_LENGTH,
 )  # fmt: skip
 """The training diagnostics diagnostics.csv keeps for every run and update (SPEC.md "Diagnostics")."""
 CORRECTION_DIAGNOSTICS = tuple(
@@ -148,10 +159,10 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
         writer = csv.writer(handle)
         writer.writerow(("method", "seed", *settings, "update", *columns))
         for record in records:
-            chosen = [record.config[name] for name in settings]
+            chosen = [record.settings.setting(name) for name in settings]
             for row in record.metrics:
                 values = (row.get(name, "") for name in columns)
-                writer.writerow((record.method, record.seed, *chosen, row["update"], *values))
+                writer.writerow((record.method, record.seed, *chosen, row[UPDATE], *values))
 
 
 def write_tables(counts: Counts, out: Path) -> str:

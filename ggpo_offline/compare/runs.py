@@ -7,7 +7,8 @@ import numpy as np
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.report import EvalReport
-from ggpo_offline.train.run import RunFolder, RunResult
+from ggpo_offline.train.records import RunResult, RunSettings
+from ggpo_offline.train.run import RunFolder
 
 
 @dataclass(frozen=True)
@@ -17,10 +18,8 @@ class RunRecord:
     method: str
     seed: int
     run_dir: Path
-    config: dict
-    """config.json as written: the TrainConfig's settings and the fingerprints. Kept a dict, not a
-    TrainConfig: a run folder written by an older version may hold a setting since removed or lack one since
-    added, and compare still reads it (a missing setting counts as its default when deciding on reuse)."""
+    settings: RunSettings
+    """config.json as written: the TrainConfig's settings and the fingerprints."""
     result: RunResult
     evals: dict[int, EvalReport]
     """Validation evaluation report per update."""
@@ -57,7 +56,7 @@ def load_run(run_dir: Path, method: str, seed: int) -> RunRecord:
         method=method,
         seed=seed,
         run_dir=run_dir,
-        config=folder.read_config(),
+        settings=folder.read_settings(),
         result=folder.read_result(),
         evals=folder.read_evals(),
         metrics=folder.read_metrics(),

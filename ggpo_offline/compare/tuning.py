@@ -67,11 +67,11 @@ def sweep_counts(records: list[RunRecord], parts: tuple[str, ...]) -> dict:
     runs: dict[str, dict[str, dict]] = {}
     shared, n = None, None
     for record in records:
-        lr, seed = rate_text(record.config["lr"]), str(record.seed)
+        lr, seed = rate_text(record.settings.lr), str(record.seed)
         if seed in runs.get(record.method, {}).get(lr, {}):
             raise UserError(f"{record.method} at lr {lr}, seed {seed} is in two of the parts")
         # Each learner keeps its own hyperparameters (and reference schedule); all else is the sweep's.
-        settings = {k: v for k, v in record.config.items() if k not in (*SWEPT, *LEARNER_SETTINGS)}
+        settings = record.settings.without((*SWEPT, *LEARNER_SETTINGS))
         if shared is not None and settings != shared:
             differing = sorted(k for k in settings if settings[k] != shared.get(k))
             raise UserError(

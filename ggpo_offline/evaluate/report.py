@@ -55,6 +55,11 @@ class EvalReport:
             generated=data.get("generated"),
         )
 
+    @classmethod
+    def read(cls, path: Path) -> "EvalReport":
+        """The report written to ``path`` (`write_json` of ``to_dict``)."""
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
 
 def check_report_path(path: Path, overwrite: bool) -> None:
     """Refuse ``--out`` before any slow work when it is a folder or an existing file not to be replaced."""

@@ -1,19 +1,51 @@
 """Summarize a pool: counts, rewards, mixed groups, lengths, truncation and its metadata."""
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import polars as pl
 
+from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.source import open_pool
 
 LENGTH_PERCENTILES = (0.1, 0.5, 0.9, 0.99)
 
 
-def pool_summary(path: Path | str) -> dict:
+@dataclass(frozen=True)
+class PoolSummary:
+    """What ``ggpo pool inspect`` prints and compare's README quotes: the pool's footer and the numbers
+    counted from its rows. Never written to a file (FORMAT 1: these fields)."""
+
+    FORMAT: ClassVar[int] = 1
+    path: str
+    """The pool as given: a file or a shard directory."""
+    groups: int
+    mixed_groups: int
+    """Groups with a correct and a wrong response (the ones training reads)."""
+    all_wrong_groups: int
+    all_right_groups: int
+    responses: int
+    mean_reward: float | None
+    truncated_frac: float | None
+    """Share of responses cut at max_tokens (finish_reason = length)."""
+    tokens: int
+    """Response tokens."""
+    mean_length: float | None
+    max_length: int | None
+    p10: int | None
+    p50: int | None
+    p90: int | None
+    p99: int | None
+    mixed_frac: float
+    info: PoolInfo
+    """The footer."""
+
+
+def pool_summary(path: Path | str) -> PoolSummary:
     """The numbers ``ggpo pool inspect`` prints, computed lazily by polars without loading the pool."""
     path = Path(path)
     source = open_pool(path)  # a file or a shard directory
-    meta = source.metadata
     rows = pl.scan_parquet(source.files).select(
         pl.col("group_id"),
         pl.col("reward"),
@@ -48,7 +80,5 @@ def pool_summary(path: Path | str) -> dict:
         .collect()
         .row(0, named=True)
     )
-    summary = {"path": str(path), **groups, **totals}
-    summary["mixed_frac"] = groups["mixed_groups"] / groups["groups"] if groups["groups"] else 0.0
-    summary["metadata"] = meta
-    return summary
+    mixed_frac = groups["mixed_groups"] / groups["groups"] if groups["groups"] else 0.0
+    return PoolSummary(path=str(path), **groups, **totals, mixed_frac=mixed_frac, info=source.info)

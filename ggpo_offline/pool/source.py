@@ -71,11 +71,6 @@ def open_pool(path: Path | str) -> PoolSource:
     return PoolSource(path, [files[i] for i in ordered], merged.to_metadata())
 
 
-def read_pool_metadata(path: Path | str) -> dict:
-    """A pool's footer JSON: a file's, or a shard directory's shards merged (checked to agree)."""
-    return open_pool(path).metadata
-
-
 def read_pool_info(path: Path | str) -> PoolInfo:
     """The footer record of a pool file, or of a shard directory (its shards' merged)."""
     return open_pool(path).info

@@ -5,7 +5,9 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 
@@ -22,12 +24,68 @@ def _rank_file(rank: int) -> str:
     return f"rank-{rank:03d}.pt"
 
 
+def _stored(state) -> dict:
+    """The fields as torch.save stores them, the tensors themselves (`asdict` would copy each one)."""
+    return {f.name: getattr(state, f.name) for f in fields(state)}
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What resuming needs of the whole run (trainer_state.pt, written by rank 0), stored as a dict of these
+    keys: FORMAT 1 is a file without a version key. A checkpoint older than ``world`` reads with None."""
+
+    FORMAT: ClassVar[int] = 1
+    update: int
+    """Updates done: the first update the resumed run takes."""
+    optimizer: dict | None
+    """The optimizer's state dict; None under FSDP2, where each rank keeps its shard (`RankState`)."""
+    ess_log_weights: list
+    """The unfinished ESS block's log weights (`EssBlock.log_weights`)."""
+    torch_rng: Any
+    run_id: str | None
+    """The MLflow run the resumed run logs to."""
+    config: dict
+    """`TrainConfig.to_dict` of the run: resuming with other settings is refused."""
+    world: int | None
+    """Processes that trained it: resuming with another number is refused."""
+
+    def to_dict(self) -> dict:
+        return _stored(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunState":
+        return cls(**{**data, "world": data.get("world")})
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What resuming needs of one rank (rank-NNN.pt), stored as a dict of these keys (FORMAT 1: no version
+    key; a checkpoint written before the drift probe existed reads with no ``probe_pi0``)."""
+
+    FORMAT: ClassVar[int] = 1
+    ref_window: Any
+    """This rank's π_ref log-probs for the updates until the next refresh (None: π0's)."""
+    old_window: Any
+    """This rank's π_old log-probs for the TIS block (None when the learner has no π_old)."""
+    optimizer: dict | None
+    """This rank's optimizer shard under FSDP2; None otherwise (`RunState.optimizer`)."""
+    probe_pi0: Any = None
+    """π0's log-probs on the drift probe (None without a probe)."""
+
+    def to_dict(self) -> dict:
+        return _stored(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RankState":
+        return cls(**data)
+
+
 def save_checkpoint(
     path: Path,
     model,
     tokenizer,
-    run_state: dict | None,
-    rank_state: dict | None = None,
+    run_state: RunState | None,
+    rank_state: RankState | None = None,
     ranks: Ranks = SINGLE_PROCESS,
     weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
@@ -43,11 +101,11 @@ def save_checkpoint(
             tokenizer.save_pretrained(tmp)
         barrier(ranks)
         if rank_state is not None:
-            torch.save(rank_state, tmp / _rank_file(ranks.rank))
+            torch.save(rank_state.to_dict(), tmp / _rank_file(ranks.rank))
         barrier(ranks)
         if ranks.main:
             if run_state is not None:
-                torch.save(run_state, tmp / STATE_FILE)  # last: a folder with it is complete
+                torch.save(run_state.to_dict(), tmp / STATE_FILE)  # last: a folder with it is complete
             _replace_folder(tmp, path)
         barrier(ranks)
     return path
@@ -95,11 +153,12 @@ def _replace_folder(tmp: Path, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_state(path: Path, rank: int | None) -> tuple[dict, dict | None]:
+def load_state(path: Path, rank: int | None) -> tuple[RunState, RankState | None]:
     """(the run's state, ``rank``'s own state, None when ``rank`` is None)."""
-    run_state = torch.load(path / STATE_FILE, weights_only=False)
-    rank_state = None if rank is None else torch.load(path / _rank_file(rank), weights_only=False)
-    return run_state, rank_state
+    run_state = RunState.from_dict(torch.load(path / STATE_FILE, weights_only=False))
+    if rank is None:
+        return run_state, None
+    return run_state, RankState.from_dict(torch.load(path / _rank_file(rank), weights_only=False))
 
 
 def resume_point(folder: RunFolder, config: TrainConfig, ranks: Ranks) -> Path:
@@ -108,13 +167,13 @@ def resume_point(folder: RunFolder, config: TrainConfig, ranks: Ranks) -> Path:
     if checkpoint is None:
         raise UserError(f"--resume: {path} has no checkpoint to resume from")
     run_state, _ = load_state(checkpoint, rank=None)
-    if "world" not in run_state:
+    if run_state.world is None:
         raise UserError(f"--resume: {checkpoint} comes from an older ggpo-offline; start the run again")
-    if run_state["config"] != config.to_dict():
+    if run_state.config != config.to_dict():
         raise UserError(f"--resume: the settings differ from those of the run in {path}")
-    if run_state["world"] != ranks.world:
+    if run_state.world != ranks.world:
         raise UserError(
-            f"--resume: {path} was trained by {run_state['world']} process(es); resume it with the same "
+            f"--resume: {path} was trained by {run_state.world} process(es); resume it with the same "
             f"number (now {ranks.world})"
         )
     return checkpoint

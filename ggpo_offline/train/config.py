@@ -22,6 +22,7 @@ from ggpo_offline.train.learners import (
 )
 from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
 from ggpo_offline.train.rates import TUNED_LR, PerLearner
+from ggpo_offline.train.records import RunId
 
 FORWARD_TOKENS = 4096
 """Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at
@@ -189,7 +190,7 @@ class TrainConfig:
 
     @property
     def run_name(self) -> str:
-        return f"{self.method}-s{self.seed}"
+        return RunId(self.method, self.seed).folder_name
 
     @property
     def run_dir(self) -> Path:

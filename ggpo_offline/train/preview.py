@@ -9,6 +9,7 @@ from pathlib import Path
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.inputs import RunInputs, read_inputs
 from ggpo_offline.train.plan import CheckedPool
+from ggpo_offline.train.records import RunSettings
 from ggpo_offline.train.run import RunFolder, folder_action
 
 SHAPE = (
@@ -68,17 +69,17 @@ def plan_run(
     return RunPlan(config, action, inputs)
 
 
-def shape(config: dict) -> dict:
-    return {key: config.get(key) for key in SHAPE}
+def shape(settings: RunSettings) -> dict:
+    return settings.only(SHAPE)
 
 
 def earlier_run_seconds(config: TrainConfig, folders: Iterable[Path]) -> list[float]:
     """What each finished run among ``folders`` that shares ``config``'s SHAPE recorded in profile.jsonl,
     its process start and π0 scoring left out."""
-    wanted, found = shape(config.to_dict()), []
+    wanted, found = shape(RunSettings.of(config, {})), []
     for folder in dict.fromkeys(Path(f) for f in folders):
         run = RunFolder(folder)
-        if not run.is_finished() or shape(run.read_config()) != wanted:
+        if not run.is_finished() or shape(run.read_settings()) != wanted:
             continue
         phases = run.read_profile()
         if phases:

@@ -5,7 +5,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,8 +13,10 @@ from ggpo_offline.core.errors import JobFailure, UserError
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.activity import launched_by_ggpo
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.metric_names import MISMATCH_ESS_BLOCK, UPDATE
 from ggpo_offline.train.options import Timeouts
 from ggpo_offline.train.profile import PhaseTime, RunProfile
+from ggpo_offline.train.records import CONFIG_FILE, RESULT_FILE, RunResult, RunSettings
 
 if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
     from ggpo_offline.train.distributed import Ranks
@@ -22,12 +24,9 @@ if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run 
 
 
 # The names of a run folder's files and of a checkpoint's resume state (also read by `checkpoint`).
-CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 PROFILE_FILE = "profile.jsonl"
 """Wall seconds of each phase of the run (`train.profile`); never compared between runs."""
-RESULT_FILE = "result.json"
-"""Written last: a run folder holding it is a finished run (compare reuses such runs)."""
 EVAL_FOLDER = "eval"
 TEST_FOLDER = "test"
 """Inside EVAL_FOLDER: the held-out test evaluations, kept apart from the validation ones training reads."""
@@ -52,35 +51,7 @@ def _append_jsonl(path: Path, records: list[dict]) -> None:
 
 def _reports_by_update(folder: Path) -> dict[int, EvalReport]:
     paths = sorted(folder.glob("update-*.json"))
-    return {
-        int(p.stem.removeprefix("update-")): EvalReport.from_dict(json.loads(p.read_text())) for p in paths
-    }
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """result.json, written last by a finished run (`Run.finish`) and read by compare. A key missing from
-    the file (an older or hand-written one) reads as None; ``to_dict`` writes every key, in this order."""
-
-    run_id: str | None = None
-    """The MLflow run; None when not tracked."""
-    tracking_uri: str | None = None
-    """The MLflow store the run was logged to; None with --no-tracking."""
-    pool_fingerprint: str | None = None
-    data_order_fingerprint: str | None = None
-    updates: int | None = None
-    final_model: str | None = None
-    """The folder of the final weights."""
-    selected_update: int | None = None
-    """The checkpoint the run reports (best validation mean@n, the earliest among equals); None without
-    evaluation."""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "RunResult":
-        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+    return {int(p.stem.removeprefix("update-")): EvalReport.read(p) for p in paths}
 
 
 FLUSH_EVERY = 20
@@ -138,12 +109,12 @@ class RunFolder:
         found = sorted(p for p in folder.glob(f"{CHECKPOINT_PREFIX}*") if (p / STATE_FILE).is_file())
         return found[-1] if found else None
 
-    def read_config(self) -> dict:
-        """The settings and fingerprints the run was started with ({} when it never got that far)."""
-        return json.loads(self.config_file.read_text()) if self.config_file.is_file() else {}
+    def read_settings(self) -> RunSettings:
+        """The settings and fingerprints the run was started with (none when it never got that far)."""
+        return RunSettings.read(self.path)
 
     def read_result(self) -> RunResult:
-        return RunResult.from_dict(json.loads(self.result_file.read_text()))
+        return RunResult.read(self.path)
 
     def read_metrics(self) -> list[dict]:
         return _read_jsonl(self.metrics_file)
@@ -168,7 +139,7 @@ class RunFolder:
 
     def keep_metrics_before(self, update: int) -> list[dict]:
         """Drop the records of ``update`` and later (a resumed run computes them again); the rest."""
-        kept = [r for r in self.read_metrics() if r["update"] < update]
+        kept = [r for r in self.read_metrics() if r[UPDATE] < update]
         if self.metrics_file.is_file():
             self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
         return kept
@@ -264,8 +235,7 @@ class Run:
                 {**fingerprints.to_dict(), "ggpo_offline_version": __version__, "method": config.method}
             )
             self.tracker.log_dict(config.to_dict(), CONFIG_FILE)
-            stored = {**config.to_dict(), **fingerprints.to_dict()}
-            self.folder.config_file.write_text(json.dumps(stored, indent=2))
+            RunSettings.of(config, fingerprints.to_dict()).write(self.folder.path)
 
     @property
     def run_id(self) -> str | None:
@@ -275,20 +245,18 @@ class Run:
         """Keep the evaluation scores of ``update`` and its training metrics when it is a logged update (every
         --log-every updates, and the last); a block's ESS, which exists only at the block's end, is kept
         whatever the interval."""
-        record = {"update": update, **evaluation}
+        record = {UPDATE: update, **evaluation}
         if metrics is not None and (update % self.config.log_every == 0 or last):
             record.update(metrics)
-        elif metrics is not None and "mismatch/ess_block" in metrics:
-            record["mismatch/ess_block"] = metrics["mismatch/ess_block"]
+        elif metrics is not None and MISMATCH_ESS_BLOCK in metrics:
+            record[MISMATCH_ESS_BLOCK] = metrics[MISMATCH_ESS_BLOCK]
         if len(record) > 1:
             self.pending.append(record)
 
     def flush(self) -> None:
         """Send the kept records to the tracker and metrics.jsonl."""
         for record in self.pending:
-            self.tracker.log_metrics(
-                {k: v for k, v in record.items() if k != "update"}, step=record["update"]
-            )
+            self.tracker.log_metrics({k: v for k, v in record.items() if k != UPDATE}, step=record[UPDATE])
         self.tracker.flush()
         if self.ranks.main:
             self.folder.append_metrics(self.pending)
@@ -300,7 +268,6 @@ class Run:
         """result.json, written last: the run is complete. ``selected_update``: the checkpoint the run reports
         (best validation score), None without evaluation."""
         from ggpo_offline.core import tracking
-        from ggpo_offline.evaluate.report import write_json
 
         if self.ranks.main:
             uri = (
@@ -318,7 +285,7 @@ class Run:
                 selected_update=selected_update,
             )
             self._write_profile()
-            write_json(result.to_dict(), self.folder.result_file)
+            result.write(self.folder.path)
 
     def _write_profile(self) -> None:
         times = self.profile.take()

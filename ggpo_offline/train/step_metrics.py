@@ -6,9 +6,24 @@ from torch import Tensor
 from ggpo_offline.train import diagnostics as diag
 from ggpo_offline.train.distributed import Ranks, all_cat, all_max, all_sum
 from ggpo_offline.train.losses import Derived, GroupMean, GroupWeights, LossOutput, Max, Stat
+from ggpo_offline.train.metric_names import (
+    GRAD_NORM,
+    LOSS,
+    MISMATCH_DRIFT,
+    MISMATCH_ESS,
+    MISMATCH_ESS_BLOCK,
+    MISMATCH_K3,
+    POLICY_ENTROPY,
+    Q_ESS,
+    REF_LOG_RATIO,
+    RESPONSE_LENGTH,
+    REWARD,
+    SUCCESS_ESS,
+    TRUNCATED_FRAC,
+)
 from ggpo_offline.train.minibatch import Minibatch
 
-SUMMED_METRICS = ("loss", "mismatch/k3", "mismatch/drift", "policy/entropy", "ref/log_ratio")
+SUMMED_METRICS = (LOSS, MISMATCH_K3, MISMATCH_DRIFT, POLICY_ENTROPY, REF_LOG_RATIO)
 """Per-minibatch diagnostics normalized by global counts: micro-batches and ranks add up."""
 
 
@@ -43,7 +58,7 @@ class StepDiagnostics:
         """``token_count``: T_tok of the whole minibatch; ``response_count``: its responses on all ranks;
         ``with_ref``: the learner has a reference (ref/log_ratio is logged)."""
         self.token_count, self.response_count, self.ranks = token_count, response_count, ranks
-        self.sums = dict.fromkeys([k for k in SUMMED_METRICS if with_ref or k != "ref/log_ratio"], 0.0)
+        self.sums = dict.fromkeys([k for k in SUMMED_METRICS if with_ref or k != REF_LOG_RATIO], 0.0)
         self.seq_log_weights: list[Tensor] = []
         self.rewards: list[Tensor] = []  # in micro-batch order, like the learner's per-response statistics
         self.stats: list[dict[str, Stat]] = []
@@ -62,14 +77,12 @@ class StepDiagnostics:
         """One micro-batch: the policy's log-probs and entropies, its mask and constant log-probs (each
         [B, T], on the policy's device), and the learner's loss result."""
         logp, T_tok = logp.detach(), self.token_count
-        self.sums["loss"] += loss.loss.item()
-        self.sums["mismatch/k3"] += diag.mismatch_k3(logp, behavior_logp, mask, token_count=T_tok).item()
-        self.sums["mismatch/drift"] += diag.mismatch_drift(
-            logp, behavior_logp, mask, token_count=T_tok
-        ).item()
-        self.sums["policy/entropy"] += diag.token_entropy_mean(entropy, mask, token_count=T_tok).item()
-        if "ref/log_ratio" in self.sums:
-            self.sums["ref/log_ratio"] += diag.ref_log_ratio(
+        self.sums[LOSS] += loss.loss.item()
+        self.sums[MISMATCH_K3] += diag.mismatch_k3(logp, behavior_logp, mask, token_count=T_tok).item()
+        self.sums[MISMATCH_DRIFT] += diag.mismatch_drift(logp, behavior_logp, mask, token_count=T_tok).item()
+        self.sums[POLICY_ENTROPY] += diag.token_entropy_mean(entropy, mask, token_count=T_tok).item()
+        if REF_LOG_RATIO in self.sums:
+            self.sums[REF_LOG_RATIO] += diag.ref_log_ratio(
                 logp, ref_logp, mask, response_count=self.response_count
             ).item()
         self.seq_log_weights.append(diag.sequence_log_weights(logp, behavior_logp, mask))
@@ -90,16 +103,16 @@ class StepDiagnostics:
         (named by ``method``) and, at a block's end, the block ESS."""
         metrics = dict(self.sums)
         seq_log_weights = self._everyone(torch.cat(self.seq_log_weights))
-        metrics["mismatch/ess"] = diag.sequence_ess(seq_log_weights).item()
-        metrics["optim/grad_norm"] = grad_norm
-        metrics["train/reward"] = self._everyone(batch.rewards).mean().item()
-        metrics["train/response_length"] = self._everyone(batch.mask.sum(dim=1)).mean().item()
-        metrics["train/truncated_frac"] = self._everyone(batch.truncated.float()).mean().item()
+        metrics[MISMATCH_ESS] = diag.sequence_ess(seq_log_weights).item()
+        metrics[GRAD_NORM] = grad_norm
+        metrics[REWARD] = self._everyone(batch.rewards).mean().item()
+        metrics[RESPONSE_LENGTH] = self._everyone(batch.mask.sum(dim=1)).mean().item()
+        metrics[TRUNCATED_FRAC] = self._everyone(batch.truncated.float()).mean().item()
         metrics.update(self._group_weight_metrics(batch.group_size))
         metrics.update(self._learner_metrics(method))
         block = ess_block.add(seq_log_weights)
         if block is not None:
-            metrics["mismatch/ess_block"] = block
+            metrics[MISMATCH_ESS_BLOCK] = block
         return metrics
 
     def _everyone(self, value: Tensor) -> Tensor:
@@ -112,10 +125,10 @@ class StepDiagnostics:
             if isinstance(stat, GroupWeights):
                 q = self._everyone(torch.cat([stats[key].value for stats in self.stats]))
                 rewards = self._everyone(torch.cat(self.rewards))
-                metrics["ggpo/q_ess"] = diag.q_ess_median(q, group_size).item()
+                metrics[Q_ESS] = diag.q_ess_median(q, group_size).item()
                 success = diag.success_ess(q, rewards, group_size)
                 if success is not None:
-                    metrics["ggpo/success_ess"] = success.item()
+                    metrics[SUCCESS_ESS] = success.item()
         return metrics
 
     def _learner_metrics(self, method: str) -> dict[str, float]:

@@ -15,7 +15,7 @@ from ggpo_offline.core.model_io import load_tokenizer
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.activity import doing
-from ggpo_offline.train.checkpoint import load_state, resume_point, save_checkpoint
+from ggpo_offline.train.checkpoint import RankState, RunState, load_state, resume_point, save_checkpoint
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.corrections import Correction
 from ggpo_offline.train.distributed import (
@@ -125,39 +125,39 @@ class Trainer:
         self.probe: DriftProbe | None = None  # `attach`
 
     # -- state --------------------------------------------------------------------------------------
-    def state(self, run_id: str | None) -> tuple[dict, dict]:
+    def state(self, run_id: str | None) -> tuple[RunState, RankState]:
         """(the run's state, written by rank 0; this rank's own: its anchor windows, and its optimizer
         shard under FSDP2)."""
         optimizer = self.optimizer.state_dict()
-        run_state = {
-            "update": self.update,
-            "optimizer": None if self.sharded else optimizer,
-            "ess_log_weights": self.ess_block.log_weights,
-            "torch_rng": torch.get_rng_state(),
-            "run_id": run_id,
-            "config": self.config.to_dict(),
-            "world": self.ranks.world,
-        }
-        rank_state = {
-            "ref_window": self.ref_window,
-            "old_window": self.old_window,
-            "optimizer": optimizer if self.sharded else None,
-            "probe_pi0": None if self.probe is None else self.probe.pi0,
-        }
+        run_state = RunState(
+            update=self.update,
+            optimizer=None if self.sharded else optimizer,
+            ess_log_weights=self.ess_block.log_weights,
+            torch_rng=torch.get_rng_state(),
+            run_id=run_id,
+            config=self.config.to_dict(),
+            world=self.ranks.world,
+        )
+        rank_state = RankState(
+            ref_window=self.ref_window,
+            old_window=self.old_window,
+            optimizer=optimizer if self.sharded else None,
+            probe_pi0=None if self.probe is None else self.probe.pi0,
+        )
         return run_state, rank_state
 
     def restore(self, checkpoint: Path) -> str | None:
         """Continue from ``checkpoint``, whose weights this trainer was built from; returns its MLflow run."""
         run_state, rank_state = load_state(checkpoint, self.ranks.rank)
-        self.optimizer.load_state_dict(rank_state["optimizer"] if self.sharded else run_state["optimizer"])
-        self.ref_window, self.old_window = rank_state["ref_window"], rank_state["old_window"]
+        self.optimizer.load_state_dict(rank_state.optimizer if self.sharded else run_state.optimizer)
+        self.ref_window, self.old_window = rank_state.ref_window, rank_state.old_window
         if self.probe is not None:  # a checkpoint written before the probe existed has no π0 for it
-            self.probe.pi0 = rank_state.get("probe_pi0")
+            self.probe.pi0 = rank_state.probe_pi0
             self.probe = None if self.probe.pi0 is None else self.probe
-        self.ess_block.log_weights = run_state["ess_log_weights"]
-        torch.set_rng_state(run_state["torch_rng"])
-        self.update = run_state["update"]
-        return run_state["run_id"]
+        self.ess_block.log_weights = run_state.ess_log_weights
+        torch.set_rng_state(run_state.torch_rng)
+        self.update = run_state.update
+        return run_state.run_id
 
     def save(self, path: Path, run_id: str | None, resumable: bool = True) -> Path:
         """A Hugging Face folder of the full weights (+ resume state); every rank takes part."""

@@ -1,0 +1,85 @@
+"""compare.json, the manifest of a compare report folder: what the compare ran, how far it got and which
+run folders it used. `ggpo compare` writes it; the arc and tuning reports read a part's runs from it."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.train.records import RunId
+
+MARKER = "compare.json"
+"""A folder holding it is a comparison report: compare writes into no other non-empty folder."""
+
+
+@dataclass(frozen=True)
+class ManifestRun:
+    """One run of the compare: its folder and what the compare did with it (train, reuse, resume...)."""
+
+    folder: str
+    action: str
+
+
+@dataclass(frozen=True)
+class CompareManifest:
+    """compare.json. The file holds no version key, so that committed reports keep their bytes: a file
+    without one is FORMAT 1. ``to_dict`` writes the keys in this order."""
+
+    FORMAT: ClassVar[int] = 1
+    status: str
+    """Where the compare is: planned, training, reporting, done (or failed)."""
+    tool_version: str
+    updated: str
+    """When the manifest was last written (UTC, ISO 8601 to the second)."""
+    command: str
+    """The command that reproduces the report."""
+    pool: str
+    methods: tuple[str, ...]
+    seeds: tuple[int, ...]
+    runs: dict[str, ManifestRun]
+    """Run name (`RunId.folder_name`) -> the run."""
+    data_order_fingerprints: dict[str, str]
+    """Seed (as text) -> the data order its runs shared; empty until the runs are checked."""
+
+    def to_dict(self) -> dict:
+        return {
+            "status": self.status,
+            "tool_version": self.tool_version,
+            "updated": self.updated,
+            "command": self.command,
+            "pool": self.pool,
+            "methods": list(self.methods),
+            "seeds": list(self.seeds),
+            "runs": {name: {"folder": run.folder, "action": run.action} for name, run in self.runs.items()},
+            "data_order_fingerprints": dict(self.data_order_fingerprints),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CompareManifest":
+        return cls(
+            status=data["status"],
+            tool_version=data["tool_version"],
+            updated=data["updated"],
+            command=data["command"],
+            pool=data["pool"],
+            methods=tuple(data["methods"]),
+            seeds=tuple(data["seeds"]),
+            runs={name: ManifestRun(run["folder"], run["action"]) for name, run in data["runs"].items()},
+            data_order_fingerprints=dict(data["data_order_fingerprints"]),
+        )
+
+    def write(self, report_dir: Path) -> None:
+        (Path(report_dir) / MARKER).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, report_dir: Path) -> "CompareManifest":
+        """The manifest of ``report_dir``; UserError when the folder holds none."""
+        path = Path(report_dir) / MARKER
+        if not path.is_file():
+            raise UserError(f"{report_dir}: no {MARKER}; give folders written by ggpo compare")
+        return cls.from_dict(json.loads(path.read_text()))
+
+    def run_folders(self) -> dict[RunId, Path]:
+        """Each run the compare lists, by its id, and its folder."""
+        return {RunId.parse(name): Path(run.folder) for name, run in self.runs.items()}

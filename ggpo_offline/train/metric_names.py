@@ -1,0 +1,23 @@
+"""The names a run logs its per-update training metrics under (metrics.jsonl, MLflow): the trainer writes
+them and the reports read them, through these constants (SPEC.md "Diagnostics"). Torch-free, so that reports
+read them without loading the trainer; the names logged at evaluated checkpoints are `checkpoint_metrics`'."""
+
+UPDATE = "update"
+"""The update a metrics.jsonl record belongs to (its MLflow step)."""
+LOSS = "loss"
+MISMATCH_K3 = "mismatch/k3"
+MISMATCH_DRIFT = "mismatch/drift"
+MISMATCH_ESS = "mismatch/ess"
+"""The minibatch's normalized sequence ESS."""
+MISMATCH_ESS_BLOCK = "mismatch/ess_block"
+"""The sequence ESS over a block of --ess-block updates: logged at the block's last update only."""
+POLICY_ENTROPY = "policy/entropy"
+REF_LOG_RATIO = "ref/log_ratio"
+"""Logged only by learners with a reference."""
+GRAD_NORM = "optim/grad_norm"
+REWARD = "train/reward"
+RESPONSE_LENGTH = "train/response_length"
+TRUNCATED_FRAC = "train/truncated_frac"
+FILTERED_FRAC = "train/filtered_frac"
+Q_ESS = "ggpo/q_ess"
+SUCCESS_ESS = "ggpo/success_ess"
