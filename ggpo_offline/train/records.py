@@ -37,8 +37,8 @@ class RunId:
         return cls(method, int(seed))
 
 
-class Settings(Protocol):
-    """A TrainConfig (`train.config` imports this module for RunId, so it is named by what it does)."""
+class StoredConfig(Protocol):
+    """A config that stores as JSON: a TrainConfig (`train.config` imports this module, so not by name)."""
 
     def to_dict(self) -> dict: ...
 
@@ -58,7 +58,7 @@ class RunSettings:
     """Setting (TrainConfig field) or fingerprint name -> its JSON value, in the order written."""
 
     @classmethod
-    def of(cls, config: Settings, fingerprints: dict[str, str]) -> "RunSettings":
+    def of(cls, config: StoredConfig, fingerprints: dict[str, str]) -> "RunSettings":
         """What a run of ``config`` on data with ``fingerprints`` (`Fingerprints.to_dict`) writes."""
         return cls({**config.to_dict(), **fingerprints})
 
