@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 from ggpo_offline.core.errors import JobFailure, UserError
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.activity import launched_by_ggpo
-from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.options import Timeouts
+from ggpo_offline.train.config import Timeouts, TrainConfig
 from ggpo_offline.train.profile import PhaseTime, RunProfile
 
 if TYPE_CHECKING:  # the trainer's modules import torch; reading a finished run must not
