@@ -16,8 +16,8 @@ from ggpo_offline.generate.config import GenerateConfig
 from ggpo_offline.importing.config import ImportConfig
 from ggpo_offline.organism.config import RehearsalModelConfig, StylesConfig, TinyModelConfig
 from ggpo_offline.pool.config import MergeConfig
-from ggpo_offline.train.config import PER_RUN, PRESETS, ScoreConfig, TrainConfig
-from ggpo_offline.train.options import TrainOptions
+from ggpo_offline.train.config import PER_RUN, ScoreConfig, TrainConfig, TrainOptions
+from ggpo_offline.train.training_presets import PRESETS
 
 app = typer.Typer(
     add_completion=False,
@@ -117,14 +117,12 @@ def train(options: dict, settings: dict) -> None:
     """Replay a pool deterministically through one learner, logging drift, K3 and ESS to MLflow.
 
     Every training setting has a flag (below, after --overwrite); a --config file takes the same names."""
-    from ggpo_offline.train.config import resolve_config
     from ggpo_offline.train.distributed import is_main_process
-    from ggpo_offline.train.options import check_options
     from ggpo_offline.train.preview import plan_run
     from ggpo_offline.train.trainer import train as run
+    from ggpo_offline.train.training_presets import resolve_config
 
     how = config_from(TrainOptions, options)
-    check_options(how)
     resolved = resolve_config(how.preset, how.config_file, **settings)
     if not is_main_process():  # a torchrun worker other than rank 0: rank 0 speaks for the job
         run(resolved, resume=how.resume, overwrite=how.overwrite, timeouts=how.timeouts)

@@ -420,12 +420,9 @@ def test_with_ceilings_the_arc_report_sets_each_method_against_them_and_refuses_
     assert "## Against the ceilings" not in (out / "README.md").read_text()
 
 
-def test_a_styles_seed_outside_the_seeds_is_refused_before_anything_is_read(tmp_path):
-    config = ArcConfig(
-        methods=("grpo",), parts=(str(tmp_path / "none"),), seeds=(1234,), out=tmp_path / "arc"
-    )
+def test_a_styles_seed_outside_the_seeds_is_refused_where_the_config_is_built(tmp_path):
     with pytest.raises(UserError, match="^--styles-seed 42 is not one of --seeds 1234$"):
-        arc_report(config)
+        ArcConfig(methods=("grpo",), parts=(str(tmp_path / "none"),), seeds=(1234,), out=tmp_path / "arc")
     assert not (tmp_path / "arc").exists()
 
 

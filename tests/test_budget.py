@@ -140,7 +140,7 @@ def test_a_report_folder_gives_its_validation_components_and_its_runs_times(tmp_
 def test_a_budget_chooses_the_seeds_and_the_sizes_not_given(tmp_path):
     _write_report(tmp_path)
     config = CompareConfig(
-        methods=("a", "b"), seeds=(42, 1), budget=20.0, budget_from=tmp_path, settings={"eval_n": 4}
+        methods=("grpo", "ggpo"), seeds=(42, 1), budget=20.0, budget_from=tmp_path, settings={"eval_n": 4}
     )
     chosen, found = budgeted(config)
     best = found[0]
@@ -174,7 +174,7 @@ def test_a_budget_that_cannot_be_planned_is_refused_in_one_line(tmp_path, settin
     if "budget_from" in settings:
         settings = {**settings, "budget_from": tmp_path}
     with pytest.raises(UserError, match=expected.replace("(", r"\(")) as refused:
-        budgeted(CompareConfig(methods=("a", "b"), **settings))
+        budgeted(CompareConfig(methods=("grpo", "ggpo"), **settings))
     assert "\n" not in str(refused.value)
 
 

@@ -56,21 +56,21 @@ def test_compare_refuses_runs_of_a_seed_that_did_not_share_a_data_plan():
 
 
 def test_compare_settings_are_checked_before_any_work(vllm_pool, tmp_path):
-    config = CompareConfig(pool=vllm_pool, methods=("grpo", "ppo"), out=tmp_path / "r")
     with pytest.raises(UserError, match="unknown method 'ppo'"):
-        run_configs(config)
+        CompareConfig(pool=vllm_pool, methods=("grpo", "ppo"), out=tmp_path / "r")
+    config = CompareConfig(pool=vllm_pool, methods=("grpo",), out=tmp_path / "r")
     with pytest.raises(UserError, match="a seed is listed twice"):
-        run_configs(replace(config, methods=("grpo",), seeds=(1, 1)))
+        replace(config, seeds=(1, 1))
     with pytest.raises(UserError, match="compare chooses seed for each run"):
-        run_configs(replace(config, methods=("grpo",), settings={"seed": 3}))
+        replace(config, settings={"seed": 3})
     runs = run_configs(replace(config, methods=("grpo", "ggpo"), seeds=(5,), preset="tiny"))
     assert [r.run_dir for r in runs] == [
         tmp_path / "r" / "runs" / "grpo-s5",
         tmp_path / "r" / "runs" / "ggpo-s5",
     ]
-    assert {r.eval_every for r in runs} == {10}  # the tiny preset's own
+    assert {r.evaluation.eval_every for r in runs} == {10}  # the tiny preset's own
     runs = run_configs(replace(config, methods=("grpo",), seeds=(5,), settings={"updates": 30}))
-    assert [r.eval_every for r in runs] == [6]  # U/5 by default (paper: 80 of 400)
+    assert [r.evaluation.eval_every for r in runs] == [6]  # U/5 by default (paper: 80 of 400)
 
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")

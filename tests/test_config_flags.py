@@ -18,6 +18,7 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import (
     choices,
     config_from,
+    construct,
     element_type,
     field_of,
     flag_name,
@@ -34,8 +35,8 @@ from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.importing.config import ImportConfig
 from ggpo_offline.organism.config import RehearsalModelConfig, StylesConfig, TinyModelConfig
 from ggpo_offline.pool.config import MergeConfig
-from ggpo_offline.train.config import PER_RUN, ScoreConfig, TrainConfig, resolve_config
-from ggpo_offline.train.options import TrainOptions
+from ggpo_offline.train.config import PER_RUN, ScoreConfig, TrainConfig, TrainOptions
+from ggpo_offline.train.training_presets import resolve_config
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = {
@@ -116,8 +117,8 @@ def test_every_train_field_is_a_flag_and_a_config_file_key(tmp_path, monkeypatch
     from ggpo_offline.train import preview, trainer
 
     values = changed_values(TrainConfig, NOT_READ_BY_GRPO_TIS)
-    assert all(values[name] != getattr(TrainConfig(), name) for name in values)
-    expected = TrainConfig(**values)
+    assert all(values[name] != leaf_values(TrainConfig())[name] for name in values)
+    expected = construct(TrainConfig, values)
     flags = to_flags(expected, TrainConfig)
     assert len([word for word in flags if word.startswith("--")]) == len(values) + 2  # 2 eval, 2 test sets
     no_pool = SimpleNamespace(inputs=SimpleNamespace(pool=None))  # the plan's checks need no pool here
@@ -251,7 +252,7 @@ def test_every_command_is_walked():
 def test_compare_offers_the_same_flags_as_train_for_every_shared_setting():
     _, train = _help_of("train")
     _, compare = _help_of("compare")
-    shared = ["--" + flag_name(TrainConfig, f.name) for f in fields(TrainConfig) if f.name not in PER_RUN]
+    shared = ["--" + flag_name(TrainConfig, name) for name in leaves(TrainConfig) if name not in PER_RUN]
     lines = {text: {line for line in text.splitlines() if line.strip().startswith("--")} for text in (train,)}
     assert all(line in compare.splitlines() for line in lines[train] if line.split()[0] in shared)
     assert "--method" in train and "--seed" in train and "\n  --seed " not in compare
@@ -274,7 +275,7 @@ def test_a_choice_outside_its_literal_is_refused_with_one_line(cls, values, mess
         config_from(cls, values)
     assert str(refused.value) == message
     with pytest.raises(UserError, match=message):
-        cls(**values)  # the library's own constructor checks it too
+        construct(cls, values)  # the library's own constructors check it too (a nested one its own)
 
 
 def test_a_choice_outside_its_literal_is_one_error_line_on_the_command_line(monkeypatch, capsys):

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.config import resolve_config
 from ggpo_offline.train.corrections import PRESETS, Correction
 from ggpo_offline.train.learners import CORRECTIONS, LEARNERS, learner
 from ggpo_offline.train.losses import aggregation, behavior, corrected, objectives
 from ggpo_offline.train.losses.aggregation import aggregate
+from ggpo_offline.train.training_presets import resolve_config
 
 F64 = torch.float64
 MU = torch.tensor([[0.5, 0.2, 0.6], [0.7, 0.4, 0.1]], dtype=F64)

@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.train.activity import STOP_VARIABLE
-from ggpo_offline.train.config import TrainConfig, resolve_config
+from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.evaluation import eval_config
 from ggpo_offline.train.trainer import train
+from ggpo_offline.train.training_presets import resolve_config
 
 GGPO = str(Path(sys.executable).parent / "ggpo")
 

@@ -89,7 +89,7 @@ def test_compare_dry_run_lists_each_runs_fate_and_times_them_from_earlier_runs_o
     assert not (tmp_path / "report").exists()
     # Earlier runs under reports/: those of the same shape time the plan (their median, without the
     # process start and π0, which one more run does not pay); another shape is not read.
-    from ggpo_offline.train.config import resolve_config
+    from ggpo_offline.train.training_presets import resolve_config
 
     shape = resolve_config(
         "tiny",

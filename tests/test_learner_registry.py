@@ -17,7 +17,7 @@ from ggpo_offline.compare.comparison import run_configs
 from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.compare.readme import train_command
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.config import TrainConfig, resolve_config
+from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.learner_table import (
     CORRECTIONS_DOC,
     LEARNERS_DOC,
@@ -36,6 +36,7 @@ from ggpo_offline.train.learners import (
     SETTINGS,
     learner,
 )
+from ggpo_offline.train.training_presets import resolve_config
 
 VALID = {
     "beta": 0.5, "clip": 0.1, "ref_refresh": 7, "clip_eps": 0.3, "dual_clip": 5.0, "kl_coef": 0.02,

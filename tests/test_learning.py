@@ -6,20 +6,20 @@ learners' losses here, each fail the same check."""
 import functools
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ggpo_offline.core.settings import replace_settings
 from ggpo_offline.generate.arith import arith_items
 from ggpo_offline.organism.styles import BEST_STYLE, PROMPT_CLASSES, STYLES, prompt_class
 from ggpo_offline.organism.tiny import prompt_ids
 from ggpo_offline.train import losses
-from ggpo_offline.train.config import resolve_config
 from ggpo_offline.train.learners import LEARNERS, METHODS
 from ggpo_offline.train.trainer import train
+from ggpo_offline.train.training_presets import resolve_config
 
 ALL_METHODS = tuple(LEARNERS)
 """The toolkit's learners and every framework preset: the exact checks below run on all of them."""
@@ -103,7 +103,7 @@ def preferences(model_dir, held_out: dict[str, list[str]]) -> dict[str, float]:
 def gains(method: str, pool, held_out, baseline, tmp_path) -> dict[str, float]:
     """How much UPDATES updates of ``method`` (the tiny preset's settings at LR) raise each class's
     preference."""
-    config = replace(
+    config = replace_settings(
         resolve_config("tiny", method=method),
         lr=LR,
         pool=pool,

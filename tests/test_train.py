@@ -14,14 +14,16 @@ import torch
 from conftest import count_pool_passes, synthetic_rows, write_synthetic_pool
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.settings import replace_settings
 from ggpo_offline.pool.schema import METADATA_KEY
-from ggpo_offline.train.config import TrainConfig, resolve_config
+from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.logprobs import full_vocab_logprobs, length_buckets, response_logprobs
 from ggpo_offline.train.minibatch import MinibatchReader
 from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches
 from ggpo_offline.train.run import RunFolder
 from ggpo_offline.train.trainer import train
+from ggpo_offline.train.training_presets import resolve_config
 
 
 def _config(pool, tmp_path, **changes) -> TrainConfig:
@@ -34,7 +36,7 @@ def _config(pool, tmp_path, **changes) -> TrainConfig:
         out=tmp_path / "run",
         ref_refresh=2,
     )
-    return replace(base, **changes)
+    return replace_settings(base, **changes)
 
 
 def _metrics(run_dir) -> list[dict]:
@@ -361,7 +363,7 @@ def test_a_rejection_divides_by_the_minibatchs_kept_tokens_and_a_minibatch_kept_
     """verl-bypass-pg-geo-rs rejects on π_θ/μ (band 0.999–1.001): as π_θ moves it rejects part of a minibatch,
     then all of it. Micro-batches divide by the whole minibatch's kept tokens, counted before the step, and a
     minibatch left with none has verl's NaN loss and zero gradient: the run goes on and says so."""
-    settings = {"method": "verl-bypass-pg-geo-rs", "updates": 3}
+    settings = {"method": "verl-bypass-pg-geo-rs", "updates": 3, "ref_refresh": None}  # no π_ref
     whole = train(_config(vllm_pool, tmp_path, **settings, out=tmp_path / "whole"))
     micro = train(_config(vllm_pool, tmp_path, **settings, micro_batch_size=8, out=tmp_path / "m"))
     masked = [m["correction/masked_frac"] for m in whole.metrics]
@@ -399,7 +401,7 @@ def test_config_precedence_defaults_preset_file_flags(tmp_path):
         'eval_datasets = ["arith:validation", "m.jsonl"]\neval-ks = "1, 4"\n'
     )
     config = resolve_config(None, tmp_path / "lists.toml", eval_n=4)
-    assert (config.eval_datasets, config.eval_ks, config.eval_n) == (
+    assert (config.evaluation.eval_datasets, config.evaluation.eval_ks, config.evaluation.eval_n) == (
         ("arith:validation", "m.jsonl"),
         (1, 4),
         4,
@@ -551,9 +553,9 @@ def test_in_training_evaluation_refuses_the_test_split():
     with pytest.raises(UserError, match="--eval-dataset m.jsonl: the in-training evaluation"):
         resolve_config("tiny", None, eval_datasets=("m.jsonl",), test_datasets=("m.jsonl",))
     allowed = resolve_config("tiny", None, eval_datasets=("arith:test",), allow_test_eval=True)
-    assert allowed.eval_datasets == ("arith:test",)
-    assert resolve_config("tiny").eval_datasets == ("arith:validation",)
-    assert resolve_config("tiny").test_datasets == ("arith:test",)
+    assert allowed.evaluation.eval_datasets == ("arith:test",)
+    assert resolve_config("tiny").evaluation.eval_datasets == ("arith:validation",)
+    assert resolve_config("tiny").evaluation.test_datasets == ("arith:test",)
     with pytest.raises(UserError, match="a --test-dataset is given twice"):
         resolve_config(None, None, test_datasets=("arith:test", "arith:test"))
 

@@ -29,8 +29,8 @@ from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.paired import Scores
 from ggpo_offline.compare.pairwise import end_places
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.config import given_settings
 from ggpo_offline.train.profile import TRAINING_PHASES
+from ggpo_offline.train.training_presets import given_settings
 
 PROBLEM_CHOICES = (32, 64, 128, 256, 512, 1024)
 SAMPLE_CHOICES = (2, 4, 8, 16, 32)
@@ -177,13 +177,7 @@ def budgeted(config: CompareConfig) -> tuple[CompareConfig, list[Allocation]]:
     allocation considered; ``config`` itself when it has no budget. Sizes the user gave stay fixed; seeds
     are the given ones first, then 1, 2, 3, ..."""
     if config.budget is None:
-        if config.budget_from is not None:
-            raise UserError("--budget-from needs --budget (core-minutes to spend)")
         return config, []
-    if config.budget_from is None:
-        raise UserError("--budget needs --budget-from, a compare report whose variance and times it projects")
-    if config.budget <= 0:
-        raise UserError(f"--budget must be > 0 core-minutes, got {config.budget:g}")
     evidence = read_evidence(config.budget_from)
     given = given_settings(config.config_file, config.settings)
     problem_choices = (given["eval_num_problems"],) if "eval_num_problems" in given else PROBLEM_CHOICES

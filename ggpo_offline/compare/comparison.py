@@ -24,16 +24,18 @@ from ggpo_offline.compare.report import (
 )
 from ggpo_offline.compare.sharing import REPORT_CLAIM, claim, take_turns
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.settings import replace_settings
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.generate.engines import Engine
-from ggpo_offline.train.config import PER_RUN, TrainConfig, config_for, given_settings, refuse_unread
+from ggpo_offline.train.config import PER_RUN, TrainConfig
 from ggpo_offline.train.inputs import Fingerprints, RunInputs, plan_data, read_inputs, score_pi0
 from ggpo_offline.train.learners import learner
 from ggpo_offline.train.plan import CheckedPool, check_pool
 from ggpo_offline.train.preview import Estimate, estimate, run_folders_near
 from ggpo_offline.train.records import RunId, RunResult, RunSettings
 from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.training_presets import config_for, given_settings, refuse_unread
 
 # The train modules that load torch and transformers are imported inside the functions that train, so a
 # refused command answers in a second or two instead of after ~10 s of imports.
@@ -92,10 +94,6 @@ def run_configs(config: CompareConfig) -> list[TrainConfig]:
 
     A learner-specific setting is refused only when none of the methods reads it; each run gets those its
     own learner reads."""
-    _check_lists(config)
-    chosen = [key for key in PER_RUN if key in config.settings]
-    if chosen:
-        raise UserError(f"compare chooses {', '.join(chosen)} for each run; remove it from the settings")
     shared = given_settings(config.config_file, config.settings)
     refuse_unread(shared, tuple(learner(method) for method in config.methods))
     runs = []
@@ -104,20 +102,10 @@ def run_configs(config: CompareConfig) -> list[TrainConfig]:
             per_run = {"pool": Path(config.pool), "method": method, "seed": seed}
             out = config.report_dir / RUNS_FOLDER / RunId(method, seed).folder_name
             run = config_for(config.preset, {**learner(method).keep_read(shared), **per_run, "out": out})
-            if run.eval_every is None:
-                run = replace(run, eval_every=max(1, run.updates // EVALUATIONS_PER_RUN))
+            if run.evaluation.eval_every is None:
+                run = replace_settings(run, eval_every=max(1, run.updates // EVALUATIONS_PER_RUN))
             runs.append(run)
     return runs
-
-
-def _check_lists(config: CompareConfig) -> None:
-    for method in config.methods:
-        learner(method)  # UnknownMethod names the choices
-    if not config.methods or not config.seeds:
-        raise UserError("give at least one method and one seed")
-    for name, values in (("method", config.methods), ("seed", config.seeds)):
-        if len(set(values)) != len(values):
-            raise UserError(f"a {name} is listed twice")
 
 
 def plan(config: CompareConfig, pool: CheckedPool) -> list[PlannedRun]:

@@ -1,10 +1,14 @@
-"""The settings of `ggpo compare` and `ggpo arc-report`: which runs on which pool, written where."""
+"""The settings of `ggpo compare` and `ggpo arc-report`: which runs on which pool, written where; each refuses
+a plan that cannot run where it is built."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import setting
 from ggpo_offline.generate.engines.base import EngineName
+from ggpo_offline.train.config import PER_RUN
+from ggpo_offline.train.learners import learner
 
 DEFAULT_METHODS = ("grpo", "grpo-tis", "agro", "ggpo")
 DEFAULT_SEEDS = (42, 1234, 2027)
@@ -49,6 +53,32 @@ class CompareConfig:
         "check the real run makes, and exit; writes nothing.",
     )
 
+    def __post_init__(self) -> None:
+        self._check_budget()
+        for method in self.methods:
+            learner(method)  # UnknownMethod names the choices
+        if not self.methods or not self.seeds:
+            raise UserError("give at least one method and one seed")
+        for name, values in (("method", self.methods), ("seed", self.seeds)):
+            if len(set(values)) != len(values):
+                raise UserError(f"a {name} is listed twice")
+        chosen = [key for key in PER_RUN if key in self.settings]
+        if chosen:
+            raise UserError(f"compare chooses {', '.join(chosen)} for each run; remove it from the settings")
+
+    def _check_budget(self) -> None:
+        """A budget is spent by projecting an earlier compare (`budgeted`): the two come together."""
+        if self.budget is None:
+            if self.budget_from is not None:
+                raise UserError("--budget-from needs --budget (core-minutes to spend)")
+            return
+        if self.budget_from is None:
+            raise UserError(
+                "--budget needs --budget-from, a compare report whose variance and times it projects"
+            )
+        if self.budget <= 0:
+            raise UserError(f"--budget must be > 0 core-minutes, got {self.budget:g}")
+
     @property
     def report_dir(self) -> Path:
         return self.out if self.out is not None else Path("reports") / Path(self.pool).stem
@@ -71,6 +101,12 @@ class ArcConfig:
         "vllm", "Engine that samples the style measures: one engine serves every checkpoint (hf: generate)."
     )
     out: Path = setting(Path("reports/arc"), "Report folder.")
+
+    def __post_init__(self) -> None:
+        if self.styles_seed not in self.seeds:  # else no run to measure, and styles_along has no records
+            raise UserError(
+                f"--styles-seed {self.styles_seed} is not one of --seeds {','.join(map(str, self.seeds))}"
+            )
 
 
 @dataclass(frozen=True)

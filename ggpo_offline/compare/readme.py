@@ -13,7 +13,8 @@ from ggpo_offline.compare.report import DIAGNOSTICS_FILE, STATISTICS, Report, Ru
 from ggpo_offline.core import markdown
 from ggpo_offline.core.settings import to_flags
 from ggpo_offline.pool.inspect import pool_summary
-from ggpo_offline.train.config import PER_RUN, TrainConfig, given_settings
+from ggpo_offline.train.config import PER_RUN, TrainConfig
+from ggpo_offline.train.training_presets import given_settings
 
 
 def reproduce_command(config: CompareConfig) -> str:
@@ -32,7 +33,7 @@ def train_command(run: TrainConfig, config: CompareConfig) -> str:
     shared = run.learner.keep_read(given_settings(config.config_file, config.settings))
     words = ["ggpo", "train", *to_flags(run, TrainConfig, only=("pool", "method", "seed"))]
     words += to_flags(config, CompareConfig, only=("preset",))
-    words += to_flags({**shared, "eval_every": run.eval_every}, TrainConfig)
+    words += to_flags({**shared, "eval_every": run.evaluation.eval_every}, TrainConfig)
     return shlex.join(words + ["--out", str(run.run_dir)])
 
 

@@ -179,17 +179,22 @@ def _coerce_tuple(cls: type, name: str, value, where: str) -> tuple:
 
 def config_from(cls: type, values: dict, where: str = FLAG_SOURCE):
     """A ``cls`` from settings by name (flags or a file's keys); settings not given keep their defaults."""
-    return _construct(cls, normalize(cls, values, where))
+    return construct(cls, normalize(cls, values, where))
 
 
-def _construct(cls: type, values: dict):
+def construct(cls: type, values: dict):
+    """A ``cls`` from settings by name, each already of its field's type (nested settings built from their
+    own); settings not given keep their defaults."""
+    unknown = [name for name in values if name not in leaves(cls)]
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no setting {unknown[0]!r}")
     kwargs = {}
     for field in dataclasses.fields(cls):
         hint = _hints(cls)[field.name]
         if _is_settings(hint):
             inner = {name: value for name, value in values.items() if name in leaves(hint)}
             if inner:
-                kwargs[field.name] = _construct(hint, inner)
+                kwargs[field.name] = construct(hint, inner)
         elif field.name in values:
             kwargs[field.name] = values[field.name]
     return cls(**kwargs)
@@ -233,6 +238,12 @@ def leaf_values(config) -> dict:
     return values
 
 
+def replace_settings(config, **changes):
+    """``dataclasses.replace`` by setting name: ``config`` with ``changes`` (nested settings included), built
+    and so checked again."""
+    return construct(type(config), {**leaf_values(config), **changes})
+
+
 def to_flags(values, cls: type, only: tuple[str, ...] | None = None) -> list[str]:
     """The argv words that give these settings: ``values`` is a dict of settings by name (each written as
     given) or a ``cls`` instance. Of an instance, ``only`` names the settings to write (defaults included);
@@ -255,9 +266,20 @@ def _changed(config, cls: type) -> dict:
     values = leaf_values(config)
     changed = {name: values[name] for name in values if _required(cls, name)}
     for name, value in values.items():
-        if name not in changed and value != leaf_values(_construct(cls, changed))[name]:
+        if name not in changed and value != _default_after(cls, changed, name):
             changed[name] = value
     return changed
+
+
+def _default_after(cls: type, chosen: dict, name: str):
+    """The value setting ``name`` takes in a ``cls`` built from ``chosen``; its declared default where
+    ``chosen`` alone is refused (a later setting makes it valid: ``--allow-test-eval`` after
+    ``--eval-dataset arith:test``)."""
+    try:
+        return leaf_values(construct(cls, chosen))[name]
+    except UserError:
+        field = field_of(cls, name)
+        return field.default if field.default_factory is MISSING else field.default_factory()
 
 
 def _words(cls: type, name: str, value) -> list[str]:

@@ -1,14 +1,20 @@
-"""`ggpo eval`'s settings (SPEC "Evaluation"), importable without the engines or polars."""
+"""`ggpo eval`'s settings (SPEC "Evaluation") and a training run's evaluation settings, importable without
+the engines or polars."""
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import check_choices, setting
 from ggpo_offline.generate.datasets import DatasetColumns
 from ggpo_offline.generate.engines.base import Dtype, EngineName
 from ggpo_offline.generate.prompts import Template
 
-DEFAULT_DATASETS = ("arith:test",)
+TEST_DATASETS = ("arith:test",)
+"""The arith task's test split: ``ggpo eval``'s default benchmark and a training run's held-out one."""
+VALIDATION_DATASETS = ("arith:validation",)
+HELD_OUT_SPLITS = TEST_DATASETS
+"""Dataset specs that are a test split by name: in-training evaluation may not use them."""
 DEFAULT_KS = (1, 4, 8, 16, 32)
 DEFAULT_ARITH_PROBLEMS = 500
 
@@ -21,7 +27,7 @@ class EvalConfig:
 
     model: str | None = setting(None, "Local Hugging Face model folder [default: the embedded tiny model].")
     datasets: tuple[str, ...] = setting(
-        DEFAULT_DATASETS,
+        TEST_DATASETS,
         "A benchmark: arith[:train|validation|test], a .jsonl/.json/.parquet file or hf:NAME[:SPLIT]; "
         "repeat for a suite.",
         flag="dataset",
@@ -61,3 +67,110 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+
+
+@dataclass(frozen=True)
+class TrainingEvalConfig:
+    """How ``ggpo train`` evaluates its checkpoints: when, on which benchmarks, and under which protocol
+    (``ggpo eval``'s, `protocol`). A part of `TrainConfig` whose fields are its flags and config-file keys."""
+
+    eval_every: int | None = setting(
+        None,
+        "Evaluate at update 0, every N updates and at the end with ggpo eval's protocol on the saved "
+        "checkpoint (the pool's sampling settings and dtype) [default: no evaluation].",
+    )
+    eval_datasets: tuple[str, ...] = setting(
+        VALIDATION_DATASETS,
+        "Validation benchmark of the in-training evaluation, which selects the reported checkpoint, as ggpo "
+        "eval --dataset (repeatable); a test split is refused.",
+        flag="eval-dataset",
+        repeat=True,
+    )
+    test_datasets: tuple[str, ...] = setting(
+        TEST_DATASETS,
+        "Held-out benchmark evaluated once, after training, on the checkpoint with the best validation "
+        "mean@n and on the final one (repeatable; needs --eval-every).",
+        flag="test-dataset",
+        repeat=True,
+    )
+    test_num_problems: int | None = setting(
+        None,
+        "Problems per test benchmark (arith: drawn; files: the first N rows) [default: --eval-num-problems].",
+    )
+    no_test: bool = setting(
+        False,
+        "Skip the end-of-run test evaluation (tuning runs choose on validation and never look at test).",
+    )
+    allow_test_eval: bool = setting(
+        False,
+        "Let --eval-dataset name a test split (arith:test). The in-training evaluation chooses the reported "
+        "checkpoint, so by default it may not see test.",
+    )
+    eval_n: int = setting(32, "Responses sampled per evaluation problem (paper: 32).")
+    eval_ks: tuple[int, ...] = setting(
+        DEFAULT_KS,
+        "Comma-separated k of the logged pass@k (those above --eval-n are skipped).",
+        flag="eval-k",
+    )
+    eval_num_problems: int | None = setting(
+        None, "Problems per evaluation benchmark (arith: drawn; files: the first N rows) [default: all]."
+    )
+    eval_engine: EngineName = setting("vllm", "Evaluation engine: vllm or hf.")
+    eval_seed: int = setting(
+        0, "Evaluation sampling seed, the same at every update (only the weights change)."
+    )
+    eval_gpu_memory_fraction: float = setting(
+        0.3, "On a GPU, the share of its memory the evaluation's vLLM engine may take beside the learner."
+    )
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        for ok, message in self._checks():
+            if not ok:
+                raise UserError(message)
+
+    def _checks(self) -> list[tuple[bool, str]]:
+        """The ranges, then the held-out rule: the test split stays out of what chooses, since the
+        in-training evaluation selects the reported checkpoint."""
+        held_out = (*HELD_OUT_SPLITS, *self.test_datasets)
+        on_test = [spec for spec in self.eval_datasets if spec in held_out]
+        return [
+            (self.eval_every is None or self.eval_every >= 1, "--eval-every must be >= 1"),
+            (self.eval_n >= 1, f"--eval-n must be >= 1, got {self.eval_n}"),
+            (0 < self.eval_gpu_memory_fraction < 1, "eval_gpu_memory_fraction must be between 0 and 1"),
+            (all(k >= 1 for k in self.eval_ks), "--eval-k values must be >= 1"),
+            (
+                self.eval_num_problems is None or self.eval_num_problems >= 1,
+                "--eval-num-problems must be >= 1",
+            ),
+            (
+                self.test_num_problems is None or self.test_num_problems >= 1,
+                "--test-num-problems must be >= 1",
+            ),
+            (
+                self.allow_test_eval or not on_test,
+                f"--eval-dataset {on_test[0] if on_test else ''}: the in-training evaluation selects the "
+                "reported checkpoint, so it must not see the test split; use arith:validation (test is "
+                "evaluated once at the end, --test-dataset) or pass --allow-test-eval",
+            ),
+            (len(set(self.test_datasets)) == len(self.test_datasets), "a --test-dataset is given twice"),
+        ]
+
+    def protocol(self, model: Path, pool: Path, test: bool = False) -> EvalConfig:
+        """``ggpo eval``'s settings for a run starting from ``model`` on ``pool``: the validation (or, with
+        ``test``, test) benchmarks and seed, the pool's sampling and dtype."""
+        return EvalConfig(
+            model=str(model),
+            datasets=tuple(self.test_datasets if test else self.eval_datasets),
+            n=self.eval_n,
+            ks=tuple(self.eval_ks),
+            num_problems=(
+                self.test_num_problems
+                if test and self.test_num_problems is not None
+                else self.eval_num_problems
+            ),
+            pool=Path(pool),
+            seed=self.eval_seed,
+            engine=self.eval_engine,
+            gpu_memory_fraction=self.eval_gpu_memory_fraction,
+        )

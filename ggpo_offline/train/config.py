@@ -1,27 +1,23 @@
-"""The training configuration: a frozen dataclass, presets, config files and flag overrides."""
+"""The schema of ``ggpo train``: what it trains (`TrainConfig`) and how it runs (`TrainOptions`), each
+refusing a bad value where it is built. Training presets and config files resolve into it in
+`training_presets`."""
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.core.settings import check_choices, flag_name, load_config_file, normalize, setting
-from ggpo_offline.evaluate.config import DEFAULT_KS
-from ggpo_offline.generate.engines.base import EngineName
+from ggpo_offline.core.settings import check_choices, flag_name, leaf_values, setting
+from ggpo_offline.evaluate.config import TrainingEvalConfig
 from ggpo_offline.train.learners import (
     LEARNERS,
     PAPER_REF_REFRESH,
     Learner,
     learner,
-    named,
     read_by,
-    readers,
     ref_refresh_help,
 )
-from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
-from ggpo_offline.train.rates import TUNED_LR, PerLearner
 from ggpo_offline.train.records import RunId
 
 FORWARD_TOKENS = 4096
@@ -29,10 +25,6 @@ FORWARD_TOKENS = 4096
 most this many positions (a longer row runs alone), each cut to its own longest row, so padding is small."""
 PER_RUN = ("pool", "method", "seed", "out")
 """Settings `ggpo compare` chooses for each of its runs (a user gives the others, shared by all runs)."""
-VALIDATION_DATASETS = ("arith:validation",)
-TEST_DATASETS = ("arith:test",)
-HELD_OUT_SPLITS = ("arith:test",)
-"""Dataset specs that are a test split by name: in-training evaluation may not use them."""
 METHOD_DEFAULT = "method-default"
 """``ref_refresh`` not chosen: resolved on construction to the method's own default (`TrainConfig`)."""
 
@@ -127,54 +119,8 @@ class TrainConfig:
         "Train on a pool sampled with top-p < 1 or top-k > 0, whose behavior log-probs (of the truncated "
         "distribution) a full-vocabulary log-prob cannot match; refused otherwise.",
     )
-    eval_every: int | None = setting(
-        None,
-        "Evaluate at update 0, every N updates and at the end with ggpo eval's protocol on the saved "
-        "checkpoint (the pool's sampling settings and dtype) [default: no evaluation].",
-    )
-    eval_datasets: tuple[str, ...] = setting(
-        VALIDATION_DATASETS,
-        "Validation benchmark of the in-training evaluation, which selects the reported checkpoint, as ggpo "
-        "eval --dataset (repeatable); a test split is refused.",
-        flag="eval-dataset",
-        repeat=True,
-    )
-    test_datasets: tuple[str, ...] = setting(
-        TEST_DATASETS,
-        "Held-out benchmark evaluated once, after training, on the checkpoint with the best validation "
-        "mean@n and on the final one (repeatable; needs --eval-every).",
-        flag="test-dataset",
-        repeat=True,
-    )
-    test_num_problems: int | None = setting(
-        None,
-        "Problems per test benchmark (arith: drawn; files: the first N rows) [default: --eval-num-problems].",
-    )
-    no_test: bool = setting(
-        False,
-        "Skip the end-of-run test evaluation (tuning runs choose on validation and never look at test).",
-    )
-    allow_test_eval: bool = setting(
-        False,
-        "Let --eval-dataset name a test split (arith:test). The in-training evaluation chooses the reported "
-        "checkpoint, so by default it may not see test.",
-    )
-    eval_n: int = setting(32, "Responses sampled per evaluation problem (paper: 32).")
-    eval_ks: tuple[int, ...] = setting(
-        DEFAULT_KS,
-        "Comma-separated k of the logged pass@k (those above --eval-n are skipped).",
-        flag="eval-k",
-    )
-    eval_num_problems: int | None = setting(
-        None, "Problems per evaluation benchmark (arith: drawn; files: the first N rows) [default: all]."
-    )
-    eval_engine: EngineName = setting("vllm", "Evaluation engine: vllm or hf.")
-    eval_seed: int = setting(
-        0, "Evaluation sampling seed, the same at every update (only the weights change)."
-    )
-    eval_gpu_memory_fraction: float = setting(
-        0.3, "On a GPU, the share of its memory the evaluation's vLLM engine may take beside the learner."
-    )
+    evaluation: TrainingEvalConfig = setting(default_factory=TrainingEvalConfig)
+    """The in-training evaluation (its fields are this config's settings: ``eval_every``, ``eval_n``, ...)."""
 
     def __post_init__(self) -> None:
         if self.ref_refresh == METHOD_DEFAULT:
@@ -182,6 +128,9 @@ class TrainConfig:
             default = PAPER_REF_REFRESH if refreshes else None
             object.__setattr__(self, "ref_refresh", default)
         check_choices(self)
+        for ok, message in _checks(self):
+            if not ok:
+                raise UserError(message)
 
     @property
     def learner(self) -> Learner:
@@ -197,8 +146,9 @@ class TrainConfig:
         return self.out if self.out is not None else Path("runs") / Path(self.pool).stem / self.run_name
 
     def to_dict(self) -> dict:
-        """JSON-ready values (paths as strings, tuples as lists), as stored in config.json."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+        """JSON-ready values (paths as strings, tuples as lists), as stored in config.json: one key per
+        setting, the evaluation's flattened in its place."""
+        return json.loads(json.dumps(leaf_values(self), default=str))
 
 
 @dataclass(frozen=True)
@@ -208,93 +158,66 @@ class ScoreConfig:
     model: str | None = setting(None, "Initial policy folder [default: the pool's model].")
 
 
-PRESETS: dict[str, dict] = {
-    # SPEC.md "Paper defaults" (offline): β 0.01, m 8, G 32, U 400, lr 1e-6, T_ref 160.
-    "paper-offline": {},
-    # The embedded model and default pool, under rules fixed before any learner was compared on test
-    # (docs/results.md "How the presets were chosen"): each learner's learning rate chosen on validation
-    # (TUNED_LR; until the prompt-dependent organism every learner reused the GRPO baseline's, the paper's
-    # rule, under which most learners collapsed on it, docs/tuning); T_ref is the paper's 160/400 of the
-    # run; U is set by the time budget of `make demo` (<= 12 min on 2 cores, pool included); the evaluation
-    # sizes and points are compute budgets (validation 128 problems x 8 at every evaluation, every 10
-    # updates in `tiny` since the organism's long responses; test 128 x 8 in `tiny` (256 before them),
-    # 256 x 8 in `arc` (500 before them), once per run at the end). Nothing was chosen on test.
-    "tiny": {
-        "groups_per_batch": 8,
-        "updates": 20,
-        "eval_every": 10,
-        "lr": TUNED_LR,
-        "ref_refresh": 8,
-        "ess_block": 8,
-        "eval_n": 8,
-        "eval_num_problems": 128,
-        "test_num_problems": 128,
-    },
-    # `make arc`: the same rule on a run three times as long, to pass the methods' peaks (the paper's
-    # 400-update shape); evaluated at 7 points (11 before the organism's long responses made each
-    # evaluation three times as slow).
-    "arc": {
-        "groups_per_batch": 8,
-        "updates": 60,
-        "eval_every": 10,
-        "lr": TUNED_LR,
-        "ref_refresh": 24,
-        "ess_block": 8,
-        "eval_n": 8,
-        "eval_num_problems": 128,
-        "test_num_problems": 256,
-    },
-}
+@dataclass(frozen=True)
+class Timeouts:
+    """How long (seconds) a process of the job waits for the others before the job stops: at any
+    collective or barrier, and while rank 0 works alone (scoring the π0 cache, evaluating a checkpoint)."""
+
+    collective: float = 1800.0
+    solo: float = 7200.0
 
 
-def resolve_config(preset: str | None = None, config_file: Path | None = None, **overrides) -> TrainConfig:
-    """Defaults < preset < config file < flags (``None`` flags are not given)."""
-    return config_for(preset, given_settings(config_file, overrides))
+DEFAULT_TIMEOUTS = Timeouts()
 
 
-def given_settings(config_file: Path | None, flags: dict) -> dict:
-    """The settings the user gave: the config file's, overridden by the flags (``None``: not given)."""
-    chosen = load_config_file(TrainConfig, config_file) if config_file is not None else {}
-    chosen.update(normalize(TrainConfig, {k: v for k, v in flags.items() if v is not None}, "flags"))
-    return chosen
+@dataclass(frozen=True)
+class TrainOptions:
+    """How ``ggpo train`` runs, beside what it trains (`TrainConfig`)."""
+
+    preset: str | None = setting(
+        None, "paper-offline (SPEC defaults), tiny (embedded model, ~1 min) or arc (embedded, the long run)."
+    )
+    config_file: Path | None = setting(
+        None, "TOML/YAML/JSON file of settings (flags override it).", flag="config"
+    )
+    nproc: int | None = setting(
+        None, "Train in N processes on this machine (torchrun; DDP, or FSDP2 with --fsdp) [default: 1]."
+    )
+    resume: bool = setting(False, "Continue the run in --out from its last checkpoint.")
+    overwrite: bool = setting(False, "Replace an existing run folder.")
+    dry_run: bool = setting(
+        False,
+        "Print the plan (settings, data, evaluations, a time estimate) after every check the real run makes, "
+        "and exit; writes nothing.",
+    )
+    collective_timeout: float = setting(
+        DEFAULT_TIMEOUTS.collective,
+        "With several processes: seconds a process waits for the others at a collective before the job "
+        "stops (a stuck or dead peer).",
+    )
+    wait_timeout: float = setting(
+        DEFAULT_TIMEOUTS.solo,
+        "With several processes: seconds the others wait while process 0 works alone (one checkpoint's "
+        "evaluation, scoring the π0 cache), and the longest one evaluation may take.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.nproc is not None and self.nproc < 1:
+            raise UserError(f"--nproc must be >= 1, got {self.nproc}")
+        for name in ("collective_timeout", "wait_timeout"):
+            if not getattr(self, name) > 0:
+                raise UserError(
+                    f"--{flag_name(TrainOptions, name)} must be > 0 seconds, got {getattr(self, name)}"
+                )
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return Timeouts(self.collective_timeout, self.wait_timeout)
 
 
-def config_for(preset: str | None, chosen: dict) -> TrainConfig:
-    """The preset's settings under the user's ``chosen`` ones, validated.
-
-    A learner-specific setting the chosen learner does not read is refused when the user gave it and dropped
-    when the preset did. A preset's T_ref tunes the learners that refresh by default: GRPO and GRPO+TIS keep
-    π0 as their reference unless the user sets ``ref_refresh``."""
-    if preset is not None and preset not in PRESETS:
-        raise UserError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    preset_values = PRESETS.get(preset or "paper-offline", {})
-    method = learner(chosen.get("method", preset_values.get("method", TrainConfig.method)))
-    values = {
-        name: value.of(method.ablates or method.name) if isinstance(value, PerLearner) else value
-        for name, value in preset_values.items()
-    }
-    refuse_unread(chosen, (method,))
-    if not method.refreshes_reference:
-        values.pop("ref_refresh", None)
-    config = TrainConfig(**{**method.keep_read(values), **chosen})
-    validate_config(config)
-    return config
-
-
-def refuse_unread(chosen: dict, methods: tuple[Learner, ...]) -> None:
-    """Refuse a learner-specific setting in ``chosen`` that none of ``methods`` reads, with one line naming
-    the learners that read it."""
-    for name in chosen:
-        if name in LEARNER_SETTINGS and not any(method.reads(name) for method in methods):
-            raise UserError(
-                f"--{flag_name(TrainConfig, name)} is not read by {', '.join(m.name for m in methods)}; "
-                f"it is read by {named(readers(name))}"
-            )
-
-
-def validate_config(config: TrainConfig) -> None:
-    """Check choices and ranges once, with one clear line for the first problem."""
-    checks = [
+def _checks(config: TrainConfig) -> list[tuple[bool, str]]:
+    """The ranges of a config, in the order a problem is reported (the evaluation's are its own)."""
+    return [
         (config.updates >= 1, f"--updates must be >= 1, got {config.updates}"),
         (config.groups_per_batch >= 1, f"--groups-per-batch must be >= 1, got {config.groups_per_batch}"),
         (config.lr > 0, f"--lr must be > 0, got {config.lr}"),
@@ -306,41 +229,6 @@ def validate_config(config: TrainConfig) -> None:
         (config.micro_batch_size is None or config.micro_batch_size >= 1, "--micro-batch-size must be >= 1"),
         (config.forward_tokens >= 1, f"--forward-tokens must be >= 1, got {config.forward_tokens}"),
         (config.threads is None or config.threads >= 1, "--threads must be >= 1"),
-        (config.eval_every is None or config.eval_every >= 1, "--eval-every must be >= 1"),
-        (config.eval_n >= 1, f"--eval-n must be >= 1, got {config.eval_n}"),
-        (0 < config.eval_gpu_memory_fraction < 1, "eval_gpu_memory_fraction must be between 0 and 1"),
-        (all(k >= 1 for k in config.eval_ks), "--eval-k values must be >= 1"),
-        (
-            config.eval_num_problems is None or config.eval_num_problems >= 1,
-            "--eval-num-problems must be >= 1",
-        ),
-        (
-            config.test_num_problems is None or config.test_num_problems >= 1,
-            "--test-num-problems must be >= 1",
-        ),
-        *_held_out_checks(config),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise UserError(message)
-
-
-def _held_out_checks(config: TrainConfig) -> list[tuple[bool, str]]:
-    """The test split stays out of what chooses: the in-training evaluation selects the checkpoint."""
-    on_test = [
-        spec for spec in config.eval_datasets if spec in HELD_OUT_SPLITS or spec in config.test_datasets
-    ]
-    return [
-        (
-            config.allow_test_eval or not on_test,
-            f"--eval-dataset {on_test[0] if on_test else ''}: the in-training evaluation selects the "
-            "reported checkpoint, so it must not see the test split; use arith:validation (test is "
-            "evaluated once at the end, --test-dataset) or pass --allow-test-eval",
-        ),
-        (
-            len(set(config.test_datasets)) == len(config.test_datasets),
-            "a --test-dataset is given twice",
-        ),
     ]
 
 
@@ -366,7 +254,7 @@ def _learner_checks(config: TrainConfig) -> list[tuple[bool, str]]:
         value = getattr(config, name)
         flag = flag_name(TrainConfig, name)
         ranges[name] = (bound.admits(value), f"--{flag} must be {bound} for {method.name}, got {value}")
-    # A config built directly (not by resolve_config) may still ask a learner without π_ref to refresh one.
+    # A config may still ask a learner without π_ref to refresh one: resolution drops only a preset's T_ref.
     no_reference = (
         config.ref_refresh is None or method.reads("ref_refresh"),
         f"--ref-refresh: {method.name} has no reference to refresh",

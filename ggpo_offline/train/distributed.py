@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ggpo_offline.core.errors import JobFailure, UserError
-from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
+from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts
 
 # gloo's words for a peer that stopped answering (a timeout) or vanished (its socket closed).
 PEER_LOST = ("Timed out", "timeout", "Connection closed by peer", "Connection reset by peer", "pair closure")

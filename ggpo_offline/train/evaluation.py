@@ -10,9 +10,8 @@ from ggpo_offline.evaluate.remote import RemoteEvaluator
 from ggpo_offline.evaluate.report import EvalReport, write_json
 from ggpo_offline.train.activity import doing
 from ggpo_offline.train.checkpoint_metrics import GENERATED_PREFIX
-from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, wait_for_main
-from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 from ggpo_offline.train.profile import RunProfile
 from ggpo_offline.train.run import RunFolder
 
@@ -20,28 +19,14 @@ from ggpo_offline.train.run import RunFolder
 def eval_config(config: TrainConfig, initial_model: Path, test: bool = False) -> EvalConfig:
     """``ggpo eval``'s protocol for this run: the run's validation (or, with ``test``, test) benchmarks and
     seed, the pool's sampling and dtype, starting from the run's initial model."""
-    return EvalConfig(
-        model=str(initial_model),
-        datasets=tuple(config.test_datasets if test else config.eval_datasets),
-        n=config.eval_n,
-        ks=tuple(config.eval_ks),
-        num_problems=(
-            config.test_num_problems
-            if test and config.test_num_problems is not None
-            else config.eval_num_problems
-        ),
-        pool=Path(config.pool),
-        seed=config.eval_seed,
-        engine=config.eval_engine,
-        gpu_memory_fraction=config.eval_gpu_memory_fraction,
-    )
+    return config.evaluation.protocol(initial_model, Path(config.pool), test)
 
 
 def eval_due(config: TrainConfig, update: int) -> bool:
     """Update 0 (the initial model), every ``eval_every`` updates, and the final update."""
-    if config.eval_every is None:
+    if config.evaluation.eval_every is None:
         return False
-    return update % config.eval_every == 0 or update == config.updates
+    return update % config.evaluation.eval_every == 0 or update == config.updates
 
 
 def selected_update(evals: dict[int, EvalReport]) -> int:
@@ -90,7 +75,7 @@ class CheckpointEvaluations:
     ):
         self.config, self.initial_model, self.ranks, self.on_eval = config, initial_model, ranks, on_eval
         self.profile = RunProfile() if profile is None else profile
-        self.owned = evaluator is None and config.eval_every is not None and ranks.main
+        self.owned = evaluator is None and config.evaluation.eval_every is not None and ranks.main
         self.evaluator = evaluator
         self.drift: Callable[[], dict[str, float]] = dict  # the policy's drift from π0 (`Trainer.drift`)
         if self.owned:
@@ -127,10 +112,10 @@ class CheckpointEvaluations:
         (each run's base, for gains); returns the
         selected update (None when evaluation is off). Test scores go to their own reports only, never into
         what selection reads."""
-        if self.config.eval_every is None:
+        if self.config.evaluation.eval_every is None:
             return None
         selected = selected_update(folder.read_evals()) if self.ranks.main else None
-        if not self.config.test_datasets or self.config.no_test:
+        if not self.config.evaluation.test_datasets or self.config.evaluation.no_test:
             return selected
         doing("evaluating the test split" if self.ranks.main else "waiting for the test evaluation")
         with self.profile.phase("test"):

@@ -228,7 +228,7 @@ SETTINGS: tuple[str, ...] = tuple(
     dict.fromkeys(name for learner in LEARNERS.values() for name in learner.settings)
 )
 """The learner-specific settings: every learner's hyperparameters and reference schedules. A learner
-refuses those it does not read (`ggpo_offline.train.config`)."""
+refuses those it does not read (`ggpo_offline.train.training_presets`)."""
 
 
 def learner(method: str) -> Learner:

@@ -132,17 +132,19 @@ def plan_lines(plan: RunPlan) -> list[str]:
         f"data: {config.updates} updates x {config.groups_per_batch} groups = {plan.groups_needed} mixed"
         f" groups per seed, of {plan.mixed_groups} ({plan.mixed_groups - plan.groups_needed} to spare)",
     ]
-    if config.eval_every is None:
+    evaluation = config.evaluation
+    if evaluation.eval_every is None:
         lines.append("evaluations: none (no --eval-every)")
     else:
         updates = ", ".join(map(str, plan.evaluated))
         lines.append(
-            f"validation: updates {updates} x {_problems(config.eval_num_problems)} x {config.eval_n} samples"
+            f"validation: updates {updates} x {_problems(evaluation.eval_num_problems)} x {evaluation.eval_n}"
+            " samples"
         )
-        if not config.no_test:
+        if not evaluation.no_test:
             lines.append(
-                f"test: {_problems(config.test_num_problems)} x {config.eval_n} samples at the initial, final"
-                " and selected checkpoints"
+                f"test: {_problems(evaluation.test_num_problems)} x {evaluation.eval_n} samples at the"
+                " initial, final and selected checkpoints"
             )
     return lines
 

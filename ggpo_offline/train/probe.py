@@ -15,7 +15,7 @@ from ggpo_offline.train.plan import PoolIndex
 def drift_probe(config: TrainConfig, reader: MinibatchReader, ranks: Ranks) -> "DriftProbe | None":
     """The run's probe of ``config.probe_groups`` groups (`probe_groups`), read from the pool; None when it
     has none or is not evaluated (the probe is measured at evaluated checkpoints only)."""
-    if config.probe_groups == 0 or config.eval_every is None:
+    if config.probe_groups == 0 or config.evaluation.eval_every is None:
         return None
     groups = probe_groups(reader.index, config.probe_groups, ranks)
     return DriftProbe(reader.read(groups), config.micro_batch_size, ranks)

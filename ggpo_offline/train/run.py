@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING
 from ggpo_offline.core.errors import JobFailure, UserError
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.activity import launched_by_ggpo
-from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.config import Timeouts, TrainConfig
 from ggpo_offline.train.metric_names import MISMATCH_ESS_BLOCK, UPDATE
-from ggpo_offline.train.options import Timeouts
 from ggpo_offline.train.profile import PhaseTime, RunProfile
 from ggpo_offline.train.records import CONFIG_FILE, RESULT_FILE, RunResult, RunSettings
 

@@ -16,7 +16,7 @@ from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.activity import doing
 from ggpo_offline.train.checkpoint import RankState, RunState, load_state, resume_point, save_checkpoint
-from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
 from ggpo_offline.train.corrections import Correction
 from ggpo_offline.train.distributed import (
     SINGLE_PROCESS,
@@ -36,7 +36,6 @@ from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
 from ggpo_offline.train.losses.corrected import minibatch_counts, reads_policy
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
-from ggpo_offline.train.options import DEFAULT_TIMEOUTS, Timeouts
 from ggpo_offline.train.pi0_cache import Pi0Cache
 from ggpo_offline.train.probe import DriftProbe, drift_probe
 from ggpo_offline.train.profile import RunProfile
@@ -327,7 +326,7 @@ def train(
 ) -> TrainResult:
     """Train ``config.method`` on the pool's planned minibatches; see TrainConfig for every setting.
 
-    With ``config.eval_every`` the policy is evaluated at update 0, every N updates and at the end, each
+    With an ``eval_every`` the policy is evaluated at update 0, every N updates and at the end, each
     time from a checkpoint saved at that update (`CheckpointEvaluations`; ``evaluator`` shares one started
     engine between runs). ``parent_run_id`` nests the MLflow run; ``pool``: the pool as a caller already
     checked it (`check_pool`; compare reads it once for all its runs). The run folder, resume and metric

@@ -1,0 +1,159 @@
+"""Configs refuse a bad value where they are built, with the line the CLI prints; the in-training evaluation's
+settings, nested in TrainConfig, keep their flags, config-file keys and config.json order."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_cli import assert_one_error_line, ggpo_here
+
+from ggpo_offline.compare.config import ArcConfig, CompareConfig
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.settings import construct, leaves, replace_settings, to_flags
+from ggpo_offline.evaluate.config import EvalConfig, TrainingEvalConfig
+from ggpo_offline.train.config import TrainConfig, TrainOptions
+from ggpo_offline.train.training_presets import resolve_config
+
+TRAIN_SETTINGS = [
+    "pool", "method", "model", "seed", "updates", "groups_per_batch", "lr", "beta", "clip", "push_bound",
+    "ref_refresh", "horizon", "cost_bound", "cispo_low", "cispo_high", "tis_block", "tis_cap", "clip_eps",
+    "dual_clip", "kl_coef", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip",
+    "micro_batch_size", "forward_tokens", "no_packing", "fsdp", "log_every", "ess_block", "probe_groups",
+    "save_every", "out", "threads", "tracking_uri", "experiment", "no_tracking", "allow_tokenizer_mismatch",
+    "allow_truncated_sampling", "eval_every", "eval_datasets", "test_datasets", "test_num_problems",
+    "no_test", "allow_test_eval", "eval_n", "eval_ks", "eval_num_problems", "eval_engine", "eval_seed",
+    "eval_gpu_memory_fraction",
+]  # fmt: skip
+"""Every training setting in the order of its flags, its config-file keys and config.json (before the
+evaluation's settings were nested)."""
+HELD_OUT = (
+    "--eval-dataset arith:test: the in-training evaluation selects the reported checkpoint, so it must not "
+    "see the test split; use arith:validation (test is evaluated once at the end, --test-dataset) or pass "
+    "--allow-test-eval"
+)
+
+
+def _refused(build, *args, **kwargs) -> str:
+    with pytest.raises(UserError) as refused:
+        build(*args, **kwargs)
+    return str(refused.value)
+
+
+def test_train_config_refuses_a_bad_value_at_construction():
+    assert _refused(TrainConfig, lr=-1.0) == "--lr must be > 0, got -1.0"
+    assert _refused(TrainConfig, lr=-1.0, updates=0) == "--updates must be >= 1, got 0"  # the order kept
+    assert _refused(TrainConfig, method="nope", updates=0).startswith("unknown method 'nope'")
+    assert _refused(TrainConfig, method="grpo-tis", tis_block=0) == "--tis-block must be >= 1, got 0"
+    assert _refused(TrainConfig, method="ggpo", beta=0.0) == "--beta must be > 0 for ggpo, got 0.0"
+    assert (
+        _refused(TrainConfig, method="pg", ref_refresh=5) == "--ref-refresh: pg has no reference to refresh"
+    )
+
+
+def test_a_setting_the_learner_does_not_read_is_not_range_checked():
+    assert TrainConfig(method="ggpo", tis_block=0).tis_block == 0  # GGPO has no π_old block
+    assert TrainConfig(method="grpo", cost_bound=-1.0).cost_bound == -1.0
+
+
+def test_the_evaluation_refuses_its_own_bad_values_and_the_test_split():
+    assert _refused(TrainingEvalConfig, eval_n=0) == "--eval-n must be >= 1, got 0"
+    assert _refused(TrainingEvalConfig, eval_ks=(1, 0)) == "--eval-k values must be >= 1"
+    assert _refused(TrainingEvalConfig, eval_gpu_memory_fraction=1.0) == (
+        "eval_gpu_memory_fraction must be between 0 and 1"
+    )
+    assert (
+        _refused(TrainingEvalConfig, eval_engine="tgi")
+        == "unknown --eval-engine 'tgi'; choose one of vllm, hf"
+    )
+    assert _refused(TrainingEvalConfig, eval_datasets=("arith:test",)) == HELD_OUT
+    assert _refused(construct, TrainConfig, {"eval_datasets": ("arith:test",)}) == HELD_OUT
+    assert _refused(TrainingEvalConfig, test_datasets=("a", "a")) == "a --test-dataset is given twice"
+    allowed = TrainingEvalConfig(eval_datasets=("arith:test",), allow_test_eval=True)
+    assert allowed.eval_datasets == ("arith:test",)
+
+
+def test_the_evaluation_protocol_is_ggpo_evals():
+    evaluation = TrainingEvalConfig(eval_n=4, eval_ks=(1, 2), eval_num_problems=12, test_num_problems=30)
+    assert evaluation.protocol("m", "p.parquet") == EvalConfig(
+        model="m", datasets=("arith:validation",), n=4, ks=(1, 2), num_problems=12, pool=Path("p.parquet"),
+        seed=0, engine="vllm", gpu_memory_fraction=0.3,
+    )  # fmt: skip
+    assert evaluation.protocol("m", "p.parquet", test=True).num_problems == 30
+    assert evaluation.protocol("m", "p.parquet", test=True).datasets == ("arith:test",)
+    assert replace(evaluation, test_num_problems=None).protocol("m", "p", test=True).num_problems == 12
+
+
+def test_the_evaluation_settings_keep_their_names_keys_and_order():
+    assert list(leaves(TrainConfig)) == TRAIN_SETTINGS
+    assert list(TrainConfig().to_dict()) == TRAIN_SETTINGS
+    config = resolve_config("tiny", None, method="grpo", eval_n=4, eval_datasets=("a.jsonl", "b.jsonl"))
+    assert config.evaluation.eval_n == 4 and config.to_dict()["eval_datasets"] == ["a.jsonl", "b.jsonl"]
+    assert to_flags(config, TrainConfig)[-12:] == [
+        "--eval-every", "10", "--eval-dataset", "a.jsonl", "--eval-dataset", "b.jsonl",
+        "--test-num-problems", "128", "--eval-n", "4", "--eval-num-problems", "128",
+    ]  # fmt: skip
+
+
+def test_replace_settings_reaches_nested_settings_and_checks_again():
+    config = TrainConfig(updates=7)
+    changed = replace_settings(config, eval_every=3, lr=2e-6)
+    assert (changed.evaluation.eval_every, changed.lr, changed.updates) == (3, 2e-6, 7)
+    assert _refused(replace_settings, config, eval_n=0) == "--eval-n must be >= 1, got 0"
+    with pytest.raises(TypeError, match="TrainConfig has no setting 'eval_m'"):
+        replace_settings(config, eval_m=3)
+
+
+def test_to_flags_writes_a_config_whose_settings_are_valid_only_together():
+    config = resolve_config(
+        None, None, method="cispo", cispo_low=2.0, cispo_high=3.0, eval_datasets=("arith:test",),
+        allow_test_eval=True,
+    )  # fmt: skip
+    flags = to_flags(config, TrainConfig)
+    assert flags == [
+        "--method", "cispo", "--cispo-low", "2.0", "--cispo-high", "3.0", "--eval-dataset", "arith:test",
+        "--allow-test-eval",
+    ]  # fmt: skip
+
+
+def test_train_options_refuse_a_bad_value_at_construction():
+    assert _refused(TrainOptions, nproc=0) == "--nproc must be >= 1, got 0"
+    assert (
+        _refused(TrainOptions, collective_timeout=0.0) == "--collective-timeout must be > 0 seconds, got 0.0"
+    )
+    assert _refused(TrainOptions, wait_timeout=-1.0) == "--wait-timeout must be > 0 seconds, got -1.0"
+
+
+def test_an_impossible_compare_is_refused_at_construction(tmp_path):
+    assert _refused(CompareConfig, methods=()) == "give at least one method and one seed"
+    assert _refused(CompareConfig, seeds=()) == "give at least one method and one seed"
+    assert _refused(CompareConfig, methods=("grpo", "grpo")) == "a method is listed twice"
+    assert _refused(CompareConfig, seeds=(1, 1)) == "a seed is listed twice"
+    assert _refused(CompareConfig, methods=("grpo", "ppo")).startswith("unknown method 'ppo'")
+    assert _refused(CompareConfig, settings={"out": "x", "seed": 3}) == (
+        "compare chooses seed, out for each run; remove it from the settings"
+    )
+    assert _refused(CompareConfig, budget=20.0) == (
+        "--budget needs --budget-from, a compare report whose variance and times it projects"
+    )
+    assert (
+        _refused(CompareConfig, budget_from=tmp_path)
+        == "--budget-from needs --budget (core-minutes to spend)"
+    )
+    assert (
+        _refused(CompareConfig, budget=0.0, budget_from=tmp_path)
+        == "--budget must be > 0 core-minutes, got 0"
+    )
+    assert _refused(ArcConfig, methods=("grpo",), parts=("p",), seeds=(1,)) == (
+        "--styles-seed 42 is not one of --seeds 1"
+    )
+
+
+def test_the_command_line_prints_the_constructors_line(tmp_path):
+    assert_one_error_line(
+        ggpo_here("train", "--lr", "-1", "--dry-run", cwd=tmp_path), "--lr must be > 0, got -1.0"
+    )
+    assert_one_error_line(
+        ggpo_here("train", "--nproc", "0", "--dry-run", cwd=tmp_path), "--nproc must be >= 1, got 0"
+    )
+    refused = ggpo_here("compare", "--seeds", "1,1", "--dry-run", cwd=tmp_path)
+    assert_one_error_line(refused, "a seed is listed twice")
