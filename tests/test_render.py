@@ -71,8 +71,8 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
     from conftest import write_synthetic_pool
 
     from ggpo_offline.compare.comparison import PlannedRun, run_configs
+    from ggpo_offline.compare.comparison_readme import write_readme as write_compare_readme
     from ggpo_offline.compare.config import CompareConfig
-    from ggpo_offline.compare.readme import write_readme as write_compare_readme
     from ggpo_offline.compare.render import compare_scores
     from ggpo_offline.train.inputs import Fingerprints
 

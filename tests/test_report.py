@@ -411,7 +411,7 @@ STYLES_REPORT = {
 
 def test_the_ceilings_section_sets_each_method_against_both_ceilings_per_prompt_class():
     from ggpo_offline.compare.ceilings import ceilings_section
-    from ggpo_offline.compare.paired import Scores
+    from ggpo_offline.compare.scores import Scores
 
     grpo = _arith_record("grpo", [8] * 4 + [2] * 6)  # flat 100 %, nested 25 %: 55 % in all
     ggpo = _arith_record("ggpo", [8] * 10)
