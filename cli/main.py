@@ -211,10 +211,10 @@ def tune_report(settings: dict) -> None:
 @app.command("report")
 @with_config_flags(RefreshConfig)
 def report(settings: dict) -> None:
-    """Recompute a report folder's tables from its committed counts with today's statistics."""
-    from ggpo_offline.compare.refresh import refresh_report
+    """Render a report folder's README again from its report.json and counts, with today's statistics."""
+    from ggpo_offline.compare.rerender import rerender_report
 
-    for path in refresh_report(config_from(RefreshConfig, settings)):
+    for path in rerender_report(config_from(RefreshConfig, settings)):
         print(f"wrote {path}")
 
 

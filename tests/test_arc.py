@@ -379,7 +379,7 @@ def test_with_ceilings_the_arc_report_sets_each_method_against_them_and_refuses_
     from test_report import STYLES_REPORT
 
     from ggpo_offline.compare.ceilings import ceilings_section
-    from ggpo_offline.compare.paired import Scores
+    from ggpo_offline.compare.scores import Scores
 
     _fake_measure_styles(monkeypatch)
     pool = tmp_path / "pool.parquet"

@@ -170,7 +170,7 @@ def test_eval_config_round_trips_through_its_flags(monkeypatch, capsys):
 
 
 def test_compare_config_round_trips_through_its_flags(monkeypatch, capsys):
-    from ggpo_offline.compare import comparison, readme
+    from ggpo_offline.compare import comparison, comparison_readme
 
     settings = {
         "updates": 7,
@@ -190,7 +190,7 @@ def test_compare_config_round_trips_through_its_flags(monkeypatch, capsys):
     [received] = run_cli(monkeypatch, capsys, comparison, "compare", ["compare", *flags])
     # the CLI hands the training flags on as given ("1,2"); resolve_config converts them for every run
     assert replace(received, settings=normalize(TrainConfig, received.settings, "flags")) == expected
-    assert readme.reproduce_command(expected).split()[2:] == flags[:-1]  # --rerun: not a setting
+    assert comparison_readme.reproduce_command(expected).split()[2:] == flags[:-1]  # --rerun: not a setting
 
 
 def _help_of(path: str) -> tuple:

@@ -8,7 +8,7 @@ import pytest
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.counts import Counts
 from ggpo_offline.compare.frontier import common_reach, frontier_section, matched_levels
-from ggpo_offline.compare.paired import At, Matched, Scores, crossing
+from ggpo_offline.compare.scores import At, Matched, Scores, crossing
 
 PROMPTS = ("p0", "p1", "p2", "p3")
 CORRECT = {  # of n = 2, per problem

@@ -3,18 +3,17 @@ comparison report, the ablations beside the default settings, and the style shar
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
-from ggpo_offline import __version__
-from ggpo_offline.compare import stats
+from ggpo_offline.compare import render, stats
 from ggpo_offline.compare.ceilings import read_ceilings
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import Counts
 from ggpo_offline.compare.manifest import MARKER, CompareManifest
-from ggpo_offline.compare.report import STATISTICS, Report, write_report
+from ggpo_offline.compare.render import ReportData, Section, arc_scores, written_line
+from ggpo_offline.compare.report import Report, write_report
 from ggpo_offline.compare.runs import (
     RunRecord,
     check_data_plans,
@@ -66,20 +65,16 @@ def arc_report(config: ArcConfig) -> Path:
 def write_readme(
     config: ArcConfig, records: list[RunRecord], report: Report, ablations: str | None, styles: str
 ) -> None:
-    """The arc's README: what ran, the tables (``report``), the ablations, the style shares and how to
-    recompute them."""
-    out = config.out
+    """The arc's README (`render`): what ran and the style shares, kept in report.json, with the tables
+    (``report``), the ablations and how to recompute them."""
     settings = records[0].settings
     info = read_pool_info(settings.pool)
     refresh = [r.settings.ref_refresh for r in records if r.settings.ref_refresh is not None]
     rates = {display(r.method): rate_text(r.settings.lr) for r in records}
     one_rate = len(set(rates.values())) == 1
     lr = rates.popitem()[1] if one_rate else "per learner " + ", ".join(f"{m} {v}" for m, v in rates.items())
-    sections = [
-        "# The offline arc on the embedded model (`make arc`)",
-        "",
-        f"Written by ggpo-offline {__version__} on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by"
-        f" `ggpo arc-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}.",
+    heading = (
+        written_line(f" by `ggpo arc-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}"),
         f"Methods: {', '.join(display(m) for m in config.methods)};"
         f" seeds {', '.join(map(str, config.seeds))};"
         f" pool `{settings.pool}` ({info.model.name}, `{info.dataset_spec}`, m = {info.sampling.m});"
@@ -89,36 +84,11 @@ def write_readme(
         f" evaluation every {settings.eval_every} updates ({settings.eval_num_problems} problems ×"
         f" {settings.eval_n}), test once per run at the end ({settings.test_num_problems} problems).",
         "Within a seed every method replays the same minibatches in the same order.",
-        "",
-        "## Statistics",
-        "",
-        STATISTICS,
-        "",
-        "## Results",
-        "",
-        report.tables,
-        "![validation accuracy, log ratio, ESS, gradient norm and entropy](figure.png)",
-        "",
-    ]
-    for title, text in (
-        ("Against the ceilings of selection", report.ceilings),
-        ("Ablations", ablations),
-        ("What the learners select", styles),
-    ):
-        if text:
-            sections += [f"## {title}", "", text, ""]
-    sections += [
-        "## Raw data",
-        "",
-        "`counts.json` holds every evaluation's per-problem correct counts (validation and test, every"
-        " method, seed and update); `table.md` and `table.csv` are recomputed from it alone"
-        " (`tests/test_report.py` checks the committed copy), and `ablations.md` from it and"
-        " `ablations.json` (the ablation runs' validation counts); `ggpo report --folder` recomputes them."
-        " `diagnostics.csv` holds every run's drift, K3, ESS, entropy and gradient norm per update;"
-        " `styles.json` the full measure-styles reports.",
-        "",
-    ]
-    (out / "README.md").write_text("\n".join(sections))
+    )
+    sections = [Section("heading", "# The offline arc on the embedded model (`make arc`)", heading)]
+    if styles:
+        sections.append(Section("styles", "## What the learners select", (styles,)))
+    render.write_readme(config.out, ReportData("arc", tuple(sections)), arc_scores(report, ablations))
 
 
 def part_records(part: Path) -> list[RunRecord]:

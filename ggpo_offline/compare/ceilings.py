@@ -8,7 +8,7 @@ import numpy as np
 
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.counts import BASE, SELECTED
-from ggpo_offline.compare.paired import At, Scores
+from ggpo_offline.compare.scores import At, Scores
 from ggpo_offline.compare.tables import display
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError, one_line

@@ -9,10 +9,10 @@ from pathlib import Path
 from ggpo_offline import __version__
 from ggpo_offline.compare.budget import budgeted
 from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings
+from ggpo_offline.compare.comparison_readme import reproduce_command, write_readme
 from ggpo_offline.compare.config import RUNS_FOLDER, CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.manifest import MARKER, CompareManifest, ManifestRun
-from ggpo_offline.compare.readme import reproduce_command, write_readme
 from ggpo_offline.compare.report import (
     DIAGNOSTICS_FILE,
     FIGURES,

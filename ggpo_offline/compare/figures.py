@@ -6,10 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ggpo_offline.compare.frontier import plot_frontier
-from ggpo_offline.compare.paired import At, Scores
-from ggpo_offline.compare.pairwise import headline
 from ggpo_offline.compare.runs import RunRecord
-from ggpo_offline.compare.tables import display
+from ggpo_offline.compare.scores import At, Scores
+from ggpo_offline.compare.tables import display, headline
 from ggpo_offline.train.checkpoint_metrics import GENERATED_PREFIX
 from ggpo_offline.train.learners import learner
 from ggpo_offline.train.metric_names import (

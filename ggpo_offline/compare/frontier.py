@@ -6,9 +6,8 @@ import statistics
 
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.claims import directional
-from ggpo_offline.compare.paired import At, Matched, Scores
-from ggpo_offline.compare.pairwise import headline
-from ggpo_offline.compare.tables import MARK_NOTE, csv_row, display, rank, ranked_row
+from ggpo_offline.compare.scores import At, Matched, Scores
+from ggpo_offline.compare.tables import MARK_NOTE, csv_row, display, headline, rank, ranked_row
 from ggpo_offline.core import markdown
 from ggpo_offline.train.learners import learner
 

@@ -10,10 +10,17 @@ from ggpo_offline.compare.claims import Claims
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.figures import FIGURES, write_figures
 from ggpo_offline.compare.frontier import frontier_section
-from ggpo_offline.compare.paired import Scores
-from ggpo_offline.compare.pairwise import headline, pairwise_section
 from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run
-from ggpo_offline.compare.tables import CSV_FIELDS, accuracy_section, end_section, ends, table5_section
+from ggpo_offline.compare.scores import Scores
+from ggpo_offline.compare.tables import (
+    CSV_FIELDS,
+    accuracy_section,
+    end_section,
+    ends,
+    headline,
+    pairwise_section,
+    table5_section,
+)
 from ggpo_offline.compare.variance import variance_section
 from ggpo_offline.train.checkpoint_metrics import CHECKPOINT_METRICS
 from ggpo_offline.train.metric_names import (

@@ -1,15 +1,14 @@
 """`ggpo tune-report`: each learner's learning rate chosen on validation from a sweep of compare runs."""
 
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
-from ggpo_offline import __version__
-from ggpo_offline.compare import stats
+from ggpo_offline.compare import render, stats
 from ggpo_offline.compare.arc import part_records
 from ggpo_offline.compare.config import TuneConfig
+from ggpo_offline.compare.render import ReportData, Section, tuning_scores, written_line
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
 from ggpo_offline.compare.runs import points, selected, validation_counts
 from ggpo_offline.compare.tables import display, rate_text
@@ -25,24 +24,21 @@ SWEPT = ("method", "lr", "seed", "out", "data_order_fingerprint")
 
 
 def tune_report(config: TuneConfig) -> Path:
-    """tuning.json and diagnostics.csv, then the README's tables computed from the first, into
-    ``config.out``."""
+    """tuning.json and diagnostics.csv, then the README (`render`) with the tables computed from the first,
+    into ``config.out``."""
     records = [record for part in config.parts for record in part_records(Path(part))]
     sweep = sweep_counts(records, config.parts)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     (out / TUNING_FILE).write_text(json.dumps(sweep, indent=1) + "\n")
     write_diagnostics(records, out / DIAGNOSTICS_FILE, settings=("lr",))
-    sections = [
-        "# Each learner's learning rate, chosen on validation",
-        "",
-        f"Written by ggpo-offline {__version__} on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by"
-        f" `ggpo tune-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}.",
+    heading = (
+        written_line(f" by `ggpo tune-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}"),
         _settings_line(sweep["settings"], sweep["seeds"]),
-        "",
-        tuning_tables(sweep),
-    ]
-    (out / "README.md").write_text("\n".join(sections))
+    )
+    title = "# Each learner's learning rate, chosen on validation"
+    data = ReportData("tuning", (Section("heading", title, heading),))
+    render.write_readme(out, data, tuning_scores(tuning_tables(sweep)))
     return out
 
 

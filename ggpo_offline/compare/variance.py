@@ -3,8 +3,8 @@
 import statistics
 
 from ggpo_offline.compare import stats
-from ggpo_offline.compare.paired import Scores
-from ggpo_offline.compare.pairwise import end_places
+from ggpo_offline.compare.scores import Scores
+from ggpo_offline.compare.tables import end_places
 from ggpo_offline.core import markdown
 
 COLUMNS = (

@@ -1,0 +1,143 @@
+"""The report model and its one renderer: sections rendered in each kind's order, report.json written and read
+back, and `ggpo report` rendering every committed report's README again, byte for byte, from its data."""
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from test_cli import assert_one_error_line, ggpo_here
+
+from ggpo_offline.compare.config import RefreshConfig
+from ggpo_offline.compare.render import (
+    FIGURE,
+    REPORT_DATA,
+    ReportData,
+    Section,
+    arc_scores,
+    render,
+    tuning_scores,
+    write_readme,
+)
+from ggpo_offline.compare.report import STATISTICS, Report
+from ggpo_offline.compare.rerender import rerender_report
+from ggpo_offline.core.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+CEILINGS = REPO / "ggpo_offline" / "organism" / "tiny_model" / "styles.json"
+COMMITTED = (
+    "demo",
+    "beyond",
+    "corrections",
+    "arc",
+    "tuning",
+    "corrections/tuning",
+    "corrections/tuning/rerun-2026-12-06",
+)
+"""Every report folder under docs/ (`make demo`, beyond, corrections, arc, tune-lr, tune-corrections)."""
+
+
+def test_sections_render_in_the_kinds_order_each_heading_set_off_by_blank_lines():
+    sections = [
+        Section("tables", "", ("### Rates\n\n| a |\n",)),  # untitled: its lines as they are
+        Section("note", "", ("Edited by hand.", "")),
+        Section("heading", "# A sweep", ("Written then.", "Every run: pool p.")),
+    ]
+    assert render("tuning", sections) == (
+        "# A sweep\n\nWritten then.\nEvery run: pool p.\n\nEdited by hand.\n\n### Rates\n\n| a |\n"
+    )
+    settings = [Section("settings", "## Shared", ("| a |",)), Section("settings", "## Differing", ("| b |",))]
+    # A name's sections keep their order; the layout places the name.
+    assert render("compare", [*settings, Section("pool", "## Pool", ("- file",))]) == (
+        "## Pool\n\n- file\n\n## Shared\n\n| a |\n\n## Differing\n\n| b |\n"
+    )
+    with pytest.raises(ValueError, match="^a tuning report has no section pool$"):
+        render("tuning", [Section("pool", "## Pool", ())])
+
+
+def test_the_arc_shows_its_scores_between_its_heading_and_its_styles_and_skips_what_it_lacks():
+    report = Report(counts=None, tables="### T\n", rows=(), ceilings="")
+    styles = Section("styles", "## What the learners select", ("### S\n",))
+    text = render("arc", [styles, Section("heading", "# Arc", ("Written.",)), *arc_scores(report, None)])
+    opening = f"# Arc\n\nWritten.\n\n## Statistics\n\n{STATISTICS}\n\n## Results\n\n### T\n\n{FIGURE}\n\n"
+    assert text.startswith(opening)
+    assert "## Against the ceilings" not in text and "## Ablations" not in text
+    assert text.index("## What the learners select\n\n### S\n") < text.index("## Raw data\n\n`counts.json`")
+    with_both = render("arc", arc_scores(Report(None, "t", (), ceilings="c"), "a"))
+    assert "## Against the ceilings of selection\n\nc\n\n## Ablations\n\na\n\n## Raw data" in with_both
+
+
+def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_rendered_once(tmp_path):
+    from conftest import write_synthetic_pool
+
+    from ggpo_offline.compare.comparison import PlannedRun, run_configs
+    from ggpo_offline.compare.comparison_readme import write_readme as write_compare_readme
+    from ggpo_offline.compare.config import CompareConfig
+    from ggpo_offline.compare.render import compare_scores
+    from ggpo_offline.train.inputs import Fingerprints
+
+    pool = write_synthetic_pool(tmp_path / "p.parquet")
+    config = CompareConfig(pool=pool, methods=("grpo", "ggpo"), seeds=(1,), preset="tiny", out=tmp_path / "r")
+    planned = [
+        PlannedRun(run, action, Fingerprints("pool-sha", "plan-1"))
+        for run, action in zip(run_configs(config), ("train", "reuse"), strict=True)
+    ]
+    records = [SimpleNamespace(seed=1, result=SimpleNamespace(run_id=f"id-{i}")) for i in range(2)]
+    report = Report(counts=None, tables="### Tables\n", rows=(), ceilings="### Ceilings\n")
+    config.report_dir.mkdir()
+    write_compare_readme(config, planned, records, {1: "plan-1"}, None, report)
+    data = ReportData.read(config.report_dir)
+    names = ["heading", "pool", "data plans", "runs", "settings", "settings", "reproduce"]
+    assert data.kind == "compare" and [s.name for s in data.sections] == names
+    readme = (config.report_dir / "README.md").read_text()
+    assert readme == render("compare", [*data.sections, *compare_scores(report)])
+    assert (
+        f"## Results\n\n### Tables\n\n### Ceilings\n\n{FIGURE}\n\n## Statistics\n\n{STATISTICS}\n\n" in readme
+    )
+    assert (
+        "## Data plans\n\n| seed | data-order fingerprint | runs |\n|---:|---|---:|\n| 1 | `plan-1` | 2 |\n\n"
+        in readme
+    )
+    assert "MLflow: not tracked (--no-tracking).\n\n| run | this report | MLflow run | folder |\n" in readme
+    assert "| ggpo-s1 | reused | `id-1` |" in readme and readme.endswith(
+        "--out " + str(planned[1].config.run_dir) + "\n```\n"
+    )
+
+
+def test_report_json_comes_back_as_written_and_the_readme_is_rendered_from_it(tmp_path):
+    data = ReportData("tuning", (Section("heading", "# A sweep", ("Written then, ±, π.",)),))
+    readme = write_readme(tmp_path, data, tuning_scores("### Rates\n"))
+    assert readme.read_text() == "# A sweep\n\nWritten then, ±, π.\n\n### Rates\n"
+    assert ReportData.read(tmp_path) == data
+    assert '"format": "ggpo-offline report 1"' in (tmp_path / REPORT_DATA).read_text()
+    (tmp_path / REPORT_DATA).write_text('{"format": "ggpo-offline report 0", "kind": "tuning"}')
+    with pytest.raises(UserError, match="report.json: not a ggpo-offline report 1 file$"):
+        ReportData.read(tmp_path)
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_ggpo_report_renders_each_committed_readme_again_byte_for_byte(tmp_path, name):
+    committed, folder = REPO / "docs" / name, tmp_path / "report"
+    shutil.copytree(committed, folder)
+    # What the runs gave is in report.json; what the counts give is recomputed, not read from the old text.
+    (folder / "README.md").write_text("# edited by hand\n")
+    for derived in ("table.md", "table.csv", "ceilings.md", "ablations.md"):
+        if (folder / derived).is_file():
+            (folder / derived).write_text("stale\n")
+    ceilings = CEILINGS if (committed / "ceilings.md").is_file() else None
+    written = rerender_report(RefreshConfig(folder=folder, ceilings=ceilings))
+    assert written[0] == folder / "README.md"
+    for path in committed.rglob("*"):
+        if path.is_file():
+            copy = folder / path.relative_to(committed)
+            assert copy.read_bytes() == path.read_bytes(), path.relative_to(committed)
+
+
+def test_ggpo_report_refuses_a_folder_without_report_data_or_its_counts_in_one_line(tmp_path):
+    assert_one_error_line(
+        ggpo_here("report", "--folder", str(tmp_path)), "no report.json; not a report folder written by"
+    )
+    shutil.copy(REPO / "docs" / "tuning" / REPORT_DATA, tmp_path / REPORT_DATA)
+    assert_one_error_line(
+        ggpo_here("report", "--folder", str(tmp_path)), "no tuning.json, the raw counts its report.json's"
+    )
