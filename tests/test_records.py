@@ -11,6 +11,7 @@ import torch
 
 from ggpo_offline.compare.manifest import MARKER, CompareManifest, ManifestRun
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.evaluate.config import TrainingEvalConfig
 from ggpo_offline.train import metric_names
 from ggpo_offline.train.checkpoint import RankState, RunState, load_state, resume_point
 from ggpo_offline.train.config import TrainConfig
@@ -29,7 +30,8 @@ JSON_READERS = {
     "ggpo_offline/evaluate/report.py": "an evaluation report (EvalReport)",
     "ggpo_offline/compare/manifest.py": "compare.json (CompareManifest)",
     "ggpo_offline/compare/counts.py": "counts.json (Counts)",
-    "ggpo_offline/compare/refresh.py": "ablations.json and tuning.json: report data compare re-renders",
+    "ggpo_offline/compare/rerender.py": "ablations.json and tuning.json, the data `ggpo report` re-renders",
+    "ggpo_offline/compare/render.py": "report.json (ReportData): a report's sections from its runs",
     "ggpo_offline/compare/ceilings.py": "the --ceilings report of `measure-styles --json`",
     "ggpo_offline/pool/schema.py": "the pool footer (PoolInfo)",
     "ggpo_offline/pool/partial.py": "a partial pool's progress record",
@@ -74,7 +76,8 @@ def test_a_run_id_names_its_folder_and_parses_back():
 
 
 def test_run_settings_write_the_bytes_of_config_json_and_read_back(tmp_path):
-    config = TrainConfig(pool="pool.parquet", method="ggpo", lr=3e-4, eval_ks=(1, 2), out=tmp_path)
+    evaluation = TrainingEvalConfig(eval_ks=(1, 2))
+    config = TrainConfig(pool="pool.parquet", method="ggpo", lr=3e-4, evaluation=evaluation, out=tmp_path)
     fingerprints = {"pool_fingerprint": "p" * 64, "data_order_fingerprint": "d" * 64}
     RunSettings.of(config, fingerprints).write(tmp_path)
     text = (tmp_path / CONFIG_FILE).read_text()
