@@ -10,8 +10,8 @@ from ggpo_offline.compare.paired import At, Scores
 from ggpo_offline.compare.pairwise import headline
 from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.compare.tables import display
-from ggpo_offline.train.checkpoint_metrics import GENERATED_PREFIX
 from ggpo_offline.train.learners import learner
+from ggpo_offline.train.run import GENERATED_PREFIX
 
 FIGURES = ("figure.png", "accuracy.png", "log_ratio.png", "ess.png", "grad_norm.png", "entropy.png")
 """The figures of every report; runs that measured their drift from π0 and what they generated add

@@ -15,7 +15,7 @@ from ggpo_offline.compare.pairwise import headline, pairwise_section
 from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run
 from ggpo_offline.compare.tables import CSV_FIELDS, accuracy_section, end_section, ends, table5_section
 from ggpo_offline.compare.variance import variance_section
-from ggpo_offline.train.checkpoint_metrics import CHECKPOINT_METRICS
+from ggpo_offline.train.run import CHECKPOINT_METRICS
 
 STATISTICS = (
     "Every difference between two methods is paired: all methods are evaluated on the same problems with the"

@@ -13,7 +13,9 @@ from ggpo_offline.generate.engines.base import EngineName
 from ggpo_offline.train.learners import (
     LEARNERS,
     PAPER_REF_REFRESH,
+    TUNED_LR,
     Learner,
+    PerLearner,
     learner,
     named,
     read_by,
@@ -21,7 +23,6 @@ from ggpo_offline.train.learners import (
     ref_refresh_help,
 )
 from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
-from ggpo_offline.train.rates import TUNED_LR, PerLearner
 
 FORWARD_TOKENS = 4096
 """Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at

@@ -1,5 +1,6 @@
 """A run folder and its life: where each file sits, preparing or resuming it, and metrics flushed to it and
-to MLflow together. Reading a finished run (report, compare, CLI) needs only `RunFolder`, not torch."""
+to MLflow together, with the names of what it logs at evaluated checkpoints. Reading a finished run (report,
+compare, CLI) needs only `RunFolder`, not torch."""
 
 import json
 import shutil
@@ -10,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ggpo_offline.core.errors import JobFailure, UserError
+from ggpo_offline.evaluate import generated
 from ggpo_offline.evaluate.report import EvalReport
-from ggpo_offline.train.activity import launched_by_ggpo
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.options import Timeouts
 from ggpo_offline.train.profile import PhaseTime, RunProfile
@@ -36,6 +37,19 @@ CHECKPOINT_PREFIX = "update-"
 STATE_FILE = "trainer_state.pt"
 """Written last into a checkpoint: a checkpoint folder holding it is complete and resumable."""
 FINAL = "final"
+
+# What a run logs at each evaluated checkpoint beside its scores: its drift from π0 on the fixed probe and
+# what it generated.
+PROBE_K3 = "probe/k3"
+PROBE_LOG_RATIO = "probe/log_ratio"
+PROBE_METRICS = (PROBE_K3, PROBE_LOG_RATIO)
+"""With λ_t = log π_θ(a_t) − log π0(a_t) on the probe's responses (`ggpo_offline.train.probe`): the token
+mean of exp(λ_t) − λ_t − 1 (SPEC "Diagnostics" `mismatch/k3` with π0 in μ's place) and the mean over
+responses of Σ_t λ_t (SPEC `ref/log_ratio` with π0 as the reference)."""
+GENERATED_PREFIX = "eval/generated/"
+GENERATED_METRICS = tuple(f"{GENERATED_PREFIX}{name}" for name in generated.DIAGNOSTICS)
+"""What each evaluation's samples looked like (`ggpo_offline.evaluate.generated`), logged with its scores."""
+CHECKPOINT_METRICS = PROBE_METRICS + GENERATED_METRICS
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -329,7 +343,7 @@ class Run:
 @contextmanager
 def failures_explained(run_dir: Path, ranks: "Ranks", timeouts: Timeouts) -> Iterator[None]:
     """A peer's death seen as a torch error becomes the job's one line; a failure says how to resume."""
-    from ggpo_offline.train.distributed import lost_peer_failure, peer_lost
+    from ggpo_offline.train.distributed import launched_by_ggpo, lost_peer_failure, peer_lost
 
     try:
         yield
