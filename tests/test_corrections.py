@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.corrections import PRESETS, Correction
+from ggpo_offline.train.corrections import CORRECTION_PRESETS, Correction
 from ggpo_offline.train.learners import CORRECTIONS, LEARNERS, learner
 from ggpo_offline.train.losses import aggregation, behavior, corrected, objectives
 from ggpo_offline.train.losses.aggregation import aggregate
@@ -23,7 +23,7 @@ RHO = torch.tensor([[0.05, 0.3, -0.25], [-0.3, 0.1, 0.0]], dtype=F64)  # log π_
 A = torch.tensor([1.0, -1.0], dtype=F64)
 REWARDS = torch.tensor([1.0, 0.0], dtype=F64)
 MASK = torch.ones(2, 3, dtype=F64)
-PRESET = {preset.name: preset.correction for preset in PRESETS}
+PRESET = {preset.name: preset.correction for preset in CORRECTION_PRESETS}
 # verl's batch normalisation divides the truncated weights by their mean (SPEC-corrections §a), and every loss
 # below is linear in w: the normalised presets' worked losses are the plain ones over these means.
 TOKEN_IS_MEAN = float(LAM.exp().clamp(max=2).mean())  # the SPEC's [[1.1052, 2, 1.3499], [.4493, .4066, 2]]
@@ -215,7 +215,7 @@ def _group_batch(seed: int = 0, groups: int = 4, m: int = 4, T: int = 6):
 
 
 @pytest.mark.parametrize(
-    "preset", [p for p in PRESETS if p.correction.second_moment is None], ids=lambda p: p.name
+    "preset", [p for p in CORRECTION_PRESETS if p.correction.second_moment is None], ids=lambda p: p.name
 )
 def test_micro_batches_on_group_boundaries_give_the_whole_minibatchs_loss_and_gradient(preset):
     """AReaL's M2 mask is read over each call's tokens, as AReaL reads it per micro-batch: not split here."""
@@ -267,10 +267,10 @@ MUTATIONS = {
 
 
 def test_every_preset_is_a_learner_that_reads_only_pi_olds_schedule():
-    assert [entry.name for entry in CORRECTIONS] == [preset.name for preset in PRESETS]
+    assert [entry.name for entry in CORRECTIONS] == [preset.name for preset in CORRECTION_PRESETS]
     for entry in CORRECTIONS:
         assert LEARNERS[entry.name] is entry and entry.loss_name == "corrected_loss"
-        bypass = entry.preset.correction.bypass
+        bypass = entry.correction_preset.correction.bypass
         assert entry.needs == (("behavior_logp",) if bypass else ("old_logp", "behavior_logp"))
         assert entry.settings == (() if bypass else ("tis_block",))
     config = resolve_config("tiny", None, method="trl-sequence-mask", tis_block=1)

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from ggpo_offline.evaluate.evaluator import Evaluator
-from ggpo_offline.train.activity import STOP_VARIABLE
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.distributed import STOP_VARIABLE
 from ggpo_offline.train.evaluation import eval_config
 from ggpo_offline.train.trainer import train
 from ggpo_offline.train.training_presets import resolve_config
@@ -128,7 +128,8 @@ def test_two_processes_evaluate_with_vllm_as_one_process_does(vllm_pool, vllm_en
 
 def _stopped_worker(job: subprocess.Popen) -> psutil.Process:
     """The worker (a child of the launcher ``job``) that stopped itself at its GGPO_STOP_AT point
-    (`ggpo_offline.train.activity`): a moment fixed by the run, not by the machine's load."""
+    (`ggpo_offline.train.distributed.stop_when_asked`): a moment fixed by the run, not by the machine's
+    load."""
     while job.poll() is None:
         for worker in psutil.Process(job.pid).children():
             with contextlib.suppress(psutil.NoSuchProcess):

@@ -14,13 +14,13 @@ import torch
 from test_corrections import MUTATIONS as FAMILY_MUTATIONS
 from test_corrections import mismatches
 
-from ggpo_offline.train.corrections import PRESETS, Correction
+from ggpo_offline.train.corrections import CORRECTION_PRESETS, Correction
 from ggpo_offline.train.losses import behavior, corrected
 from ggpo_offline.train.losses.aggregation import aggregate
 
 F64 = torch.float64
 NUMBERS = json.loads((Path(__file__).with_name("framework_numbers.json")).read_text())
-PRESET = {preset.name: preset.correction for preset in PRESETS}
+PRESET = {preset.name: preset.correction for preset in CORRECTION_PRESETS}
 TOLERANCE = 1e-10
 
 

@@ -3,6 +3,8 @@
 tests/test_distributed.py; random ones in tests/chaos.py, `make chaos`.)"""
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,8 +12,9 @@ import pytest
 from ggpo_offline.core.errors import JobFailure, UserError, how_it_ended
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.evaluate.remote import RemoteEvaluator
-from ggpo_offline.train import activity
+from ggpo_offline.train import distributed
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.distributed import Ranks
 from ggpo_offline.train.launch import FAILURE, LOST_PEER, USER, _failure_line, _report_file
 from ggpo_offline.train.run import STATE_FILE, resume_hint
 
@@ -21,9 +24,9 @@ def _report(folder: Path, rank: int, kind: str, message: str) -> None:
 
 
 def _doing(folder: Path, monkeypatch, rank: int, what: str) -> None:
-    monkeypatch.setenv(activity.FOLDER_VARIABLE, str(folder))
+    monkeypatch.setenv(distributed.FOLDER_VARIABLE, str(folder))
     monkeypatch.setenv("RANK", str(rank))
-    activity.doing(what)
+    distributed.doing(what)
 
 
 @pytest.fixture
@@ -66,6 +69,26 @@ def test_a_peer_that_stopped_answering_is_named_by_its_last_activity(run, tmp_pa
     assert line.startswith(
         "process 1 stopped waiting for the others; process 0 was last evaluating update 2;"
     )
+
+
+def test_a_stop_point_is_read_once_and_only_its_rank_and_activity_stop(monkeypatch):
+    """GGPO_STOP_AT is read where a run starts: unset, `doing` calls nothing; set, the process stops (SIGSTOP)
+    on reaching that rank's activity, and on no other."""
+    stops = []
+    monkeypatch.setattr(distributed.os, "kill", lambda pid, sig: stops.append((pid, sig)))
+    monkeypatch.delenv(distributed.FOLDER_VARIABLE, raising=False)
+    monkeypatch.delenv(distributed.STOP_VARIABLE, raising=False)
+    distributed.stop_when_asked(Ranks(rank=1, world=2))
+    assert distributed._on_doing == {}
+    monkeypatch.setenv(distributed.STOP_VARIABLE, "1:training update 3")
+    distributed.stop_when_asked(Ranks(rank=1, world=2))
+    monkeypatch.delenv(distributed.STOP_VARIABLE)  # read once: later changes do not matter
+    for what in ("training update 2", "saving the checkpoint of update 3", "training update 3"):
+        distributed.doing(what)
+    assert stops == [(os.getpid(), signal.SIGSTOP)]
+    distributed.stop_when_asked(Ranks(rank=0, world=2))  # the next run, unset: nothing is called any more
+    distributed.doing("training update 3")
+    assert distributed._on_doing == {} and len(stops) == 1
 
 
 def test_resume_hint_names_the_last_resumable_checkpoint_or_says_there_is_none(run, tmp_path):

@@ -19,8 +19,6 @@ from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.learner_table import (
-    CORRECTIONS_DOC,
-    LEARNERS_DOC,
     README_BEGIN,
     README_END,
     markdown_table,
@@ -78,8 +76,8 @@ def test_the_learner_settings_are_every_hyperparameter_and_reference_schedule():
     assert all("beta" in entry.bounds for entry in REGISTRY if "beta" in entry.hyperparameters)
 
 
-BYPASS = next(entry for entry in CORRECTIONS if entry.preset.correction.bypass)
-DECOUPLED = next(entry for entry in CORRECTIONS if not entry.preset.correction.bypass)
+BYPASS = next(entry for entry in CORRECTIONS if entry.correction_preset.correction.bypass)
+DECOUPLED = next(entry for entry in CORRECTIONS if not entry.correction_preset.correction.bypass)
 CASES = [(entry.name, name) for entry in (*REGISTRY, BYPASS, DECOUPLED) for name in SETTINGS]
 
 
@@ -224,26 +222,22 @@ def test_the_readme_learner_table_is_the_registrys():
     readme = (REPO / "README.md").read_text()
     assert readme.count(README_BEGIN) == 1 and readme.count(README_END) == 1
     block = readme.split(README_BEGIN)[1].split(README_END)[0]
-    assert block == "\n" + markdown_table(), (
-        "run `python -m ggpo_offline.train.learner_table` to regenerate it"
-    )
+    assert block == "\n" + markdown_table(), "run `python tools/learner_table.py` to regenerate it"
 
 
 def test_the_corrections_doc_holds_every_preset_as_the_registry_has_it():
-    doc = CORRECTIONS_DOC.read_text()
-    assert with_corrections_table(doc) == doc, (
-        "run `python -m ggpo_offline.train.learner_table` to regenerate it"
-    )
+    doc = (REPO / "docs" / "corrections.md").read_text()
+    assert with_corrections_table(doc) == doc, "run `python tools/learner_table.py` to regenerate it"
     rows = [line for line in doc.splitlines() if line.startswith("| `")]
     presets = [row for row in rows if "framework" not in row and "§" in row]
     assert [row.split("`")[1] for row in presets] == [entry.name for entry in CORRECTIONS]
     for entry, row in zip(CORRECTIONS, presets, strict=True):
-        assert f"`{entry.preset.knobs}`" in row and entry.summary in row
+        assert f"`{entry.correction_preset.knobs}`" in row and entry.summary in row
 
 
 def test_the_docs_list_each_ablation_where_the_readme_lists_the_methods():
-    doc = LEARNERS_DOC.read_text()
-    assert with_ablations_table(doc) == doc, "run `python -m ggpo_offline.train.learner_table` to regenerate"
+    doc = (REPO / "docs" / "learners.md").read_text()
+    assert with_ablations_table(doc) == doc, "run `python tools/learner_table.py` to regenerate"
     ablations = [entry.name for entry in REGISTRY if entry.ablates]
     assert ablations == ["ggpo-bounded-push"]
     assert [row.split("`")[1] for row in markdown_table(ablations=True).splitlines()[2:]] == ablations
@@ -273,9 +267,7 @@ def test_the_generator_rewrites_only_the_block(tmp_path):
     assert with_learner_table(rewritten) == rewritten
     path = tmp_path / "README.md"
     path.write_text(readme)
-    subprocess.run(
-        [sys.executable, "-m", "ggpo_offline.train.learner_table", str(path)], check=True, cwd=REPO
-    )
+    subprocess.run([sys.executable, "tools/learner_table.py", str(path)], check=True, cwd=REPO)
     assert path.read_text() == rewritten
     with pytest.raises(UserError, match="needs one <!-- learners:begin --> line"):
         with_learner_table("# no markers\n")

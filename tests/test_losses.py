@@ -308,7 +308,7 @@ def test_grpo_matches_spec_token_by_token(name):
 @pytest.mark.parametrize("name", sorted(LEARNERS))
 def test_micro_batches_with_global_token_count_sum_to_the_full_batch(name):
     batch = make_batch(G=4, m=4, seed=7)
-    preset = LEARNERS[name].preset
+    preset = LEARNERS[name].correction_preset
     if preset is not None and preset.correction.second_moment is not None:
         pytest.skip("AReaL's M2 mask is read over each call's tokens, as AReaL reads it per micro-batch")
     m, counts = batch["m"], {"token_count": int(batch["mask"].sum())}

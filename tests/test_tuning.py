@@ -14,8 +14,7 @@ from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.tables import rate_text
 from ggpo_offline.compare.tuning import TUNING_FILE, chosen_rates, tune_report, tuning_tables
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.learners import LEARNERS
-from ggpo_offline.train.rates import TUNED_LR, PerLearner
+from ggpo_offline.train.learners import LEARNERS, TUNED_LR, PerLearner
 from ggpo_offline.train.training_presets import PRESETS, resolve_config
 
 SWEEP = {  # validation counts of 8 problems out of 8 at updates 0, 4, 8 (BASE: 4 problems at 25 %)

@@ -8,8 +8,7 @@ import numpy as np
 
 from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.checkpoint_metrics import PROBE_METRICS
-from ggpo_offline.train.metric_names import MISMATCH_DRIFT, UPDATE
+from ggpo_offline.train.metric_names import MISMATCH_DRIFT, PROBE_METRICS, UPDATE
 
 COUNTS_FILE = "counts.json"
 FORMAT = "ggpo-offline counts 1"
@@ -51,7 +50,7 @@ class Counts:
     """(method, seed) -> (update, token-mean |log π_θ/μ|) of every update that logged it."""
     probe: dict[tuple[str, int], tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
     """(method, seed) -> (update, probe K3, probe log-ratio) of every evaluated checkpoint: its drift from
-    π0 (`checkpoint_metrics.PROBE_METRICS`); empty for runs that measured none."""
+    π0 (`ggpo_offline.train.metric_names.PROBE_METRICS`); empty for runs that measured none."""
 
     @classmethod
     def from_records(cls, records: list[RunRecord], methods: list[str], seeds: list[int]) -> "Counts":

@@ -9,9 +9,9 @@ from ggpo_offline.compare.frontier import plot_frontier
 from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.compare.scores import At, Scores
 from ggpo_offline.compare.tables import display, headline
-from ggpo_offline.train.checkpoint_metrics import GENERATED_PREFIX
 from ggpo_offline.train.learners import learner
 from ggpo_offline.train.metric_names import (
+    GENERATED_PREFIX,
     GRAD_NORM,
     MISMATCH_DRIFT,
     MISMATCH_ESS_BLOCK,

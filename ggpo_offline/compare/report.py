@@ -22,8 +22,8 @@ from ggpo_offline.compare.tables import (
     table5_section,
 )
 from ggpo_offline.compare.variance import variance_section
-from ggpo_offline.train.checkpoint_metrics import CHECKPOINT_METRICS
 from ggpo_offline.train.metric_names import (
+    CHECKPOINT_METRICS,
     GRAD_NORM,
     MISMATCH_DRIFT,
     MISMATCH_ESS,

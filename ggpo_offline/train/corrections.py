@@ -99,7 +99,7 @@ class Correction:
 
 
 @dataclass(frozen=True)
-class Preset:
+class CorrectionPreset:
     """One framework configuration: what a user of that framework sets, and its parts here."""
 
     name: str
@@ -114,6 +114,9 @@ class Preset:
     """Where the framework's code and its docs differ, or what this toolkit does differently."""
     equals: str = ""
     """The framework's function whose update this preset computes (at `COMMITS`' commit)."""
+    tuned_lr: float | None = None
+    """Its learning rate chosen by ``make tune-corrections`` (docs/corrections/tuning), for the presets
+    ``make corrections`` compares (`ggpo_offline.train.learners.TUNED_LR`)."""
 
 
 def _k1(spec: str) -> tuple[float, float]:
@@ -134,30 +137,31 @@ _VERL_DECOUPLED = "`compute_rollout_correction_and_add_to_batch`, then `compute_
 _VERL_BYPASS = "`compute_policy_loss_bypass_mode`"
 
 
-def _verl(name: str, arguments: str, **parts) -> Preset:
+def _verl(name: str, arguments: str, tuned_lr: float | None = None, **parts) -> CorrectionPreset:
     """A verl ``RolloutCorrectionConfig`` classmethod preset with its default arguments."""
     bypass = name.startswith("bypass")
     correction = replace(_VERL_PPO, bypass=bypass, **parts)
     knobs = f"RolloutCorrectionConfig.{name}({arguments})"
     equals = _VERL_BYPASS if bypass else _VERL_DECOUPLED
-    return Preset(f"verl-{name.replace('_', '-')}", "verl", knobs, "a", correction, equals=equals)
+    name = f"verl-{name.replace('_', '-')}"
+    return CorrectionPreset(name, "verl", knobs, "a", correction, equals=equals, tuned_lr=tuned_lr)
 
 
 _SEQ_RS = {"rejections": (("seq_sum_k1", _k1("0.5_2.0")),)}
 VERL = (
-    _verl("decoupled_token_is", "2.0", **_TOKEN_TIS),
-    _verl("decoupled_seq_is", "2.0", **_SEQ_TIS),
+    _verl("decoupled_token_is", "2.0", 1e-4, **_TOKEN_TIS),
+    _verl("decoupled_seq_is", "2.0", 3e-4, **_SEQ_TIS),
     _verl("decoupled_seq_is_rs", '2.0, "0.5_2.0"', **_SEQ_TIS, **_SEQ_RS),
-    _verl("decoupled_geo_rs", '"0.999_1.001"', **_GEO_RS),
+    _verl("decoupled_geo_rs", '"0.999_1.001"', 1e-4, **_GEO_RS),
     _verl("decoupled_geo_rs_seq_tis", '2.0, "0.999_1.001"', **_SEQ_TIS, **_GEO_RS),
     _verl("decoupled_geo_rs_token_tis", '2.0, "0.999_1.001"', **_TOKEN_TIS, **_GEO_RS),
     _verl("decoupled_k3_rs", "0.01", **_K3_RS),
     _verl("decoupled_k3_rs_seq_tis", "2.0, 0.01", **_SEQ_TIS, **_K3_RS),
     _verl("decoupled_k3_rs_token_tis", "2.0, 0.01", **_TOKEN_TIS, **_K3_RS),
-    _verl("bypass_ppo_clip", ""),
+    _verl("bypass_ppo_clip", "", 3e-4),
     _verl("bypass_ppo_clip_geo_rs", '"0.999_1.001"', **_GEO_RS),
     _verl("bypass_ppo_clip_k3_rs", "0.01", **_K3_RS),
-    _verl("bypass_pg_is", "2.0", **_REINFORCE, **_SEQ_TIS),
+    _verl("bypass_pg_is", "2.0", 1e-4, **_REINFORCE, **_SEQ_TIS),
     _verl("bypass_pg_geo_rs", '"0.999_1.001"', **_REINFORCE, **_GEO_RS),
     _verl("bypass_pg_geo_rs_seq_tis", '2.0, "0.999_1.001"', **_REINFORCE, **_SEQ_TIS, **_GEO_RS),
     _verl("bypass_pg_geo_rs_token_tis", '2.0, "0.999_1.001"', **_REINFORCE, **_TOKEN_TIS, **_GEO_RS),
@@ -165,9 +169,9 @@ VERL = (
 """verl's 16 ``RolloutCorrectionConfig`` presets, on its PPO actor (dual clip c = 3, token-mean)."""
 
 
-def _batch_normalized(preset: Preset) -> Preset:
+def _batch_normalized(preset: CorrectionPreset) -> CorrectionPreset:
     """``preset`` with verl's ``rollout_is_batch_normalize=True`` (off in every verl preset)."""
-    return Preset(
+    return CorrectionPreset(
         f"{preset.name}-norm", "verl", f"{preset.knobs}, rollout_is_batch_normalize=True", "a",
         replace(preset.correction, batch_normalize=True),
         note="Not a verl preset: its knob on this one; the weights' mean over the minibatch is 1.",
@@ -184,11 +188,12 @@ _TRL_TAU_NEG = struct.unpack("f", struct.pack("f", 1.05))[0]
 _TRL_KNOBS = "GRPOConfig(vllm_importance_sampling_mode={}, vllm_importance_sampling_clip_max=3.0{})"
 
 
-def _trl(name: str, mode: str, extra: str = "", note: str = "", **parts) -> Preset:
+def _trl(
+    name: str, mode: str, extra: str = "", note: str = "", tuned_lr: float | None = None, **parts
+) -> CorrectionPreset:
     equals = "`GRPOTrainer._compute_loss` on `_generate_and_score_completions`' IS ratio"
-    return Preset(
-        f"trl-{name}", "TRL", _TRL_KNOBS.format(repr(mode), extra), "b", replace(_TRL, **parts), note, equals
-    )
+    knobs = _TRL_KNOBS.format(repr(mode), extra)
+    return CorrectionPreset(f"trl-{name}", "TRL", knobs, "b", replace(_TRL, **parts), note, equals, tuned_lr)
 
 
 TRL = (
@@ -197,7 +202,8 @@ TRL = (
     _trl("token-mask", "token_mask", weight="token"),
     _trl("sequence-truncate", "sequence_truncate", truncate=True,
          note="The sequence ratio is the product of token ratios, not their geometric mean."),
-    _trl("sequence-mask", "sequence_mask", note="TRL's default; a mask keeps the ratio inside the bounds."),
+    _trl("sequence-mask", "sequence_mask", note="TRL's default; a mask keeps the ratio inside the bounds.",
+         tuned_lr=1e-4),
     _trl("sequence-mask-opsm", "sequence_mask", ", off_policy_mask_threshold=0.05", off_policy_delta=0.05,
          note="DeepSeek-V3.2's off-policy sequence mask; TRL sets no δ: 0.05 is SPEC-corrections' example."),
     _trl("gspo", "sequence_mask", ", importance_sampling_level='sequence', loss_type='grpo'",
@@ -206,7 +212,7 @@ TRL = (
          sequence_mean="trl", tau_neg=_TRL_TAU_NEG,
          note="τ_neg is 1.05 in float32 (1.0499999523), as TRL's torch.where of two floats makes it."),
     _trl("cispo", "sequence_mask", ", loss_type='cispo'", objective="cispo", coefficient_high=0.2,
-         note="The code caps the weight at epsilon_high itself (default 0.2)."),
+         note="The code caps the weight at epsilon_high itself (default 0.2).", tuned_lr=1e-4),
     _trl("cispo-docs", "sequence_mask", ", loss_type='cispo', epsilon_high=5.0", objective="cispo",
          coefficient_high=5.0, note="epsilon_high = 5, as TRL's docs suggest for CISPO."),
 )  # fmt: skip
@@ -216,15 +222,15 @@ _OPENRLHF = Correction(weight="token", weight_low=0.5, weight_high=5.0)  # token
 _OPENRLHF_KNOBS = "--algo.advantage.is_correction_enable --algo.advantage.is_correction_type {}"
 _OPENRLHF_EQUALS = "`PolicyLoss.forward`"
 OPENRLHF = (
-    Preset("openrlhf-tis", "OpenRLHF", _OPENRLHF_KNOBS.format("tis"), "c", _OPENRLHF,
+    CorrectionPreset("openrlhf-tis", "OpenRLHF", _OPENRLHF_KNOBS.format("tis"), "c", _OPENRLHF,
            equals=_OPENRLHF_EQUALS),
-    Preset("openrlhf-icepop", "OpenRLHF", _OPENRLHF_KNOBS.format("icepop"), "c",
-           replace(_OPENRLHF, truncate=False), equals=_OPENRLHF_EQUALS),
-    Preset("openrlhf-seq-mask-tis", "OpenRLHF", _OPENRLHF_KNOBS.format("seq-mask-tis"), "c",
+    CorrectionPreset("openrlhf-icepop", "OpenRLHF", _OPENRLHF_KNOBS.format("icepop"), "c",
+           replace(_OPENRLHF, truncate=False), equals=_OPENRLHF_EQUALS, tuned_lr=1e-4),
+    CorrectionPreset("openrlhf-seq-mask-tis", "OpenRLHF", _OPENRLHF_KNOBS.format("seq-mask-tis"), "c",
            replace(_OPENRLHF, filter_level="geometric"),
            note="The geometric mean only filters: the code comment says clamped, the token weight is not.",
            equals=_OPENRLHF_EQUALS),
-    Preset("openrlhf-gspo-is", "OpenRLHF",
+    CorrectionPreset("openrlhf-gspo-is", "OpenRLHF",
            _OPENRLHF_KNOBS.format("tis") + " --actor.policy_loss_type gspo", "c",
            Correction(objective="gspo", bypass=True, aggregation="seq-mean-token-mean"),
            note="With IS, GSPO folds π_θ/μ into its ratio and the thresholds go unused.",
@@ -236,51 +242,54 @@ _ROLL_EQUALS = "`ActorPGWorker.loss_func` (rlvr)"
 _AREAL_BEHAVE = Correction(weight="token", weight_high=5.0, float32_ratio=True)
 _AREAL_EQUALS = "`grpo_loss_fn` (decoupled), with `ppo_actor_loss_fn`"
 OTHERS = (
-    Preset("prime-rl", "prime-rl", '[trainer.loss] type="default"', "d",
+    CorrectionPreset("prime-rl", "prime-rl", '[trainer.loss] type="default"', "d",
            Correction(objective="dppo", bypass=True),
            note="The ratio carries gradient; docs/algorithms.md shows a clamp min(π/μ, δ) the code has not.",
-           equals="`default_loss_fn`"),
-    Preset("prime-rl-ipo", "prime-rl", '[trainer.loss] type="ipo"', "d",
+           equals="`default_loss_fn`", tuned_lr=1e-4),
+    CorrectionPreset("prime-rl-ipo", "prime-rl", '[trainer.loss] type="ipo"', "d",
            Correction(objective="dppo", bypass=True, gap_low=0.1, gap_high=0.1, gap_both_sides=True),
            note="Masks |Δp| > ipo_threshold 0.1 whatever the advantage's sign; otherwise the default loss.",
            equals="`ipo_loss_fn`"),
-    Preset("verl-gspo", "verl", "actor.policy_loss.loss_mode=gspo", "e",
+    CorrectionPreset("verl-gspo", "verl", "actor.policy_loss.loss_mode=gspo", "e",
            replace(_VERL, objective="gspo", aggregation="seq-mean-token-mean"),
            note="verl's clip_ratio default 0.2; `gspo-paper` uses the paper's 3e-4 / 4e-4.",
-           equals="`compute_policy_loss_gspo`"),
-    Preset("gspo-paper", "verl", "loss_mode=gspo, clip_ratio_low=3e-4, clip_ratio_high=4e-4", "e",
+           equals="`compute_policy_loss_gspo`", tuned_lr=1e-4),
+    CorrectionPreset("gspo-paper", "verl", "loss_mode=gspo, clip_ratio_low=3e-4, clip_ratio_high=4e-4", "e",
            replace(_VERL, objective="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq-mean-token-mean"),
            equals="`compute_policy_loss_gspo`"),
-    Preset("verl-sapo", "verl", "actor.policy_loss.loss_mode=sapo", "e",
+    CorrectionPreset("verl-sapo", "verl", "actor.policy_loss.loss_mode=sapo", "e",
            replace(_VERL, objective="sapo", aggregation="seq-mean-token-mean"),
-           equals="`compute_policy_loss_sapo`"),
-    Preset("verl-cispo", "verl", "actor.policy_loss.loss_mode=cispo", "e",
+           equals="`compute_policy_loss_sapo`", tuned_lr=1e-4),
+    CorrectionPreset("verl-cispo", "verl", "actor.policy_loss.loss_mode=cispo", "e",
            replace(_VERL, objective="cispo", coefficient_low=0.8, coefficient_high=1.2),
            equals="`compute_policy_loss_cispo`"),
-    Preset("roll-cispo", "ROLL", "pg_variant=cispo", "e",
+    CorrectionPreset("roll-cispo", "ROLL", "pg_variant=cispo", "e",
            replace(_ROLL, objective="cispo", coefficient_low=0.9, coefficient_high=1.1), equals=_ROLL_EQUALS),
-    Preset("roll-topr", "ROLL", "pg_variant=topr", "e", replace(_ROLL, objective="topr"),
+    CorrectionPreset("roll-topr", "ROLL", "pg_variant=topr", "e", replace(_ROLL, objective="topr"),
            note="The ratio is token-level π_θ/π_old; the paper's is sequence-level π/μ.",
-           equals=_ROLL_EQUALS),
-    Preset("roll-kimi15", "ROLL", "pg_variant=kimi15", "e", replace(_ROLL, objective="kimi", kl_tau=0.1),
+           equals=_ROLL_EQUALS, tuned_lr=1e-4),
+    CorrectionPreset("roll-kimi15", "ROLL", "pg_variant=kimi15", "e",
+                     replace(_ROLL, objective="kimi", kl_tau=0.1),
            note="kimi15_tau 0.1 is a getattr default, not a declared field.", equals=_ROLL_EQUALS),
-    Preset("areal-m2po", "AReaL", "actor.m2_threshold=0.04", "e",
+    CorrectionPreset("areal-m2po", "AReaL", "actor.m2_threshold=0.04", "e",
            Correction(second_moment=0.04, count_kept=True),
            note="The paper defines M2 on π_θ/μ, the code on π_prox/μ. `areal-m2po-gsm8k` is AReaL's example.",
-           equals=_AREAL_EQUALS),
-    Preset("areal-m2po-gsm8k", "AReaL",
+           equals=_AREAL_EQUALS, tuned_lr=1e-4),
+    CorrectionPreset("areal-m2po-gsm8k", "AReaL",
            "examples/math/gsm8k_m2po.yaml: m2_threshold=0.04, eps_clip=0.0, rejection_sampling(upper=5.0)",
            "e", replace(_AREAL_BEHAVE, second_moment=0.04, count_kept=True, truncate=False, eps_low=0.0,
                         eps_high=0.0),
            note="The example takes one update a batch (ppo_n_minibatches 1): --tis-block 1 reproduces it.",
            equals=_AREAL_EQUALS),
-    Preset("areal-behave-mask", "AReaL", "rejection_sampling(level=token, action=mask, upper=5.0)", "e",
+    CorrectionPreset("areal-behave-mask", "AReaL",
+                     "rejection_sampling(level=token, action=mask, upper=5.0)", "e",
            replace(_AREAL_BEHAVE, truncate=False), equals=_AREAL_EQUALS),
-    Preset("areal-behave-clamp", "AReaL", "rejection_sampling(level=token, action=clamp, upper=5.0)", "e",
+    CorrectionPreset("areal-behave-clamp", "AReaL",
+                     "rejection_sampling(level=token, action=clamp, upper=5.0)", "e",
            _AREAL_BEHAVE, equals=_AREAL_EQUALS),
 )  # fmt: skip
 
-PRESETS: tuple[Preset, ...] = VERL + VERL_NORMALIZED + TRL + OPENRLHF + OTHERS
+CORRECTION_PRESETS: tuple[CorrectionPreset, ...] = VERL + VERL_NORMALIZED + TRL + OPENRLHF + OTHERS
 
 _OBJECTIVE_WORDS = {
     "ppo": "PPO", "gspo": "GSPO sequence ratio", "reinforce": "−A·w·log π_θ", "cispo": "CISPO",

@@ -1,11 +1,14 @@
 """torch.distributed for the learner: the process group, each rank's share of a minibatch, DDP / FSDP2
-wrapping, and the reductions that make an N-process update equal the 1-process one."""
+wrapping, the reductions that make an N-process update equal the 1-process one, and what each process is
+doing, kept for the launcher."""
 
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -211,7 +214,7 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     weights = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    # Gathered copies no longer share memory: keep one name per tied parameter (the embedding, not the
+    # Gathered copies do not share memory: keep one name per tied parameter (the embedding, not the
     # head), as save_pretrained would from the model itself.
     first_name: dict[int, str] = {}
     for name, parameter in module.named_parameters(remove_duplicate=False):
@@ -223,3 +226,55 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor] | None:
 def scalar(value: torch.Tensor) -> float:
     """A Python float from a plain tensor or a DTensor (FSDP2's gradient norm)."""
     return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
+
+
+# What each process of a training job is doing, kept in a file that outlives it: a process killed by a signal
+# cannot say what it was doing, so the launcher reads it there.
+FOLDER_VARIABLE = "GGPO_ACTIVITY_DIR"  # set by the launcher in each worker; unset, nothing is written
+# "<rank>:<activity>": that process stops itself (SIGSTOP) on reaching the activity, so that a test or the
+# chaos run can freeze or kill it at an exact point instead of at a moment that depends on the machine's load.
+STOP_VARIABLE = "GGPO_STOP_AT"
+_on_doing: dict[str, Callable[[str], None]] = {}
+"""Called with each activity this process reaches: empty unless a run asked for a stop (`stop_when_asked`)."""
+
+
+def launched_by_ggpo() -> bool:
+    """Whether this process is a worker of `ggpo train --nproc` (whose launcher reports its failures)."""
+    return FOLDER_VARIABLE in os.environ
+
+
+def activity_file(folder: Path | str, rank: int) -> Path:
+    return Path(folder, f"rank-{rank:03d}.doing")
+
+
+def doing(what: str) -> None:
+    """Record that this process is now ``what`` ("training update 4"); a no-op outside the launcher."""
+    folder = os.environ.get(FOLDER_VARIABLE)
+    if folder is not None:
+        path = activity_file(folder, int(os.environ.get("RANK", "0")))
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(what)
+        os.replace(tmp, path)  # the launcher never reads half a line
+    for reached in _on_doing.values():
+        reached(what)
+
+
+def stop_when_asked(ranks: Ranks) -> None:
+    """Read `STOP_VARIABLE` once, where a run starts: set to this process's "<rank>:<activity>", `doing` stops
+    it on reaching that activity; unset, `doing` calls nothing more."""
+    point = os.environ.get(STOP_VARIABLE)
+    if point is None:
+        _on_doing.pop(STOP_VARIABLE, None)
+        return
+
+    def stop_at_point(what: str) -> None:
+        if point == f"{ranks.rank}:{what}":
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    _on_doing[STOP_VARIABLE] = stop_at_point
+
+
+def last_doing(folder: Path | str, rank: int) -> str | None:
+    """What process ``rank`` last recorded, None when it recorded nothing."""
+    path = activity_file(folder, rank)
+    return path.read_text() if path.is_file() else None

@@ -8,10 +8,9 @@ from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.remote import RemoteEvaluator
 from ggpo_offline.evaluate.report import EvalReport, write_json
-from ggpo_offline.train.activity import doing
-from ggpo_offline.train.checkpoint_metrics import GENERATED_PREFIX
 from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
-from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, wait_for_main
+from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, doing, wait_for_main
+from ggpo_offline.train.metric_names import GENERATED_PREFIX
 from ggpo_offline.train.profile import RunProfile
 from ggpo_offline.train.run import RunFolder
 
@@ -37,7 +36,7 @@ def selected_update(evals: dict[int, EvalReport]) -> int:
 
 def eval_metrics(report: EvalReport) -> dict[str, float]:
     """``eval/<benchmark>/mean_at_<n>`` and ``eval/<benchmark>/pass_at_<k>``, plus ``eval/suite/...``, and
-    the generated text's diagnostics as ``eval/generated/<name>`` (`checkpoint_metrics`).
+    the generated text's diagnostics as ``eval/generated/<name>`` (`GENERATED_PREFIX`).
 
     MLflow metric names cannot contain ``@``, hence ``mean_at_32`` for mean@32.
     """
@@ -77,7 +76,6 @@ class CheckpointEvaluations:
         self.profile = RunProfile() if profile is None else profile
         self.owned = evaluator is None and config.evaluation.eval_every is not None and ranks.main
         self.evaluator = evaluator
-        self.drift: Callable[[], dict[str, float]] = dict  # the policy's drift from π0 (`Trainer.drift`)
         if self.owned:
             protocol = eval_config(config, initial_model)
             self.evaluator = (
@@ -87,12 +85,13 @@ class CheckpointEvaluations:
     def due(self, update: int) -> bool:
         return eval_due(self.config, update)
 
-    def at(self, update: int, folder: RunFolder) -> dict[str, float]:
-        """The scores of update ``update`` and the policy's drift ({} when no evaluation is due); its
-        checkpoint must be saved, and the policy must be that checkpoint's."""
+    def at(self, update: int, folder: RunFolder, drift: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """The scores of update ``update`` and the policy's drift from π0, measured by ``drift`` (every rank
+        calls it; `Trainer.drift`), or {} when no evaluation is due; its checkpoint must be saved, and the
+        policy must be that checkpoint's."""
         if not self.due(update):
             return {}
-        metrics = self.drift()
+        metrics = drift()
         waiting = f"waiting for the evaluation of update {update}"
         doing(f"evaluating update {update}" if self.ranks.main else waiting)
         with self.profile.phase("evaluate", update):

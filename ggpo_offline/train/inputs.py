@@ -128,8 +128,7 @@ def score_pi0(config: TrainConfig, inputs: RunInputs, ranks: "Ranks | None" = No
     """The initial model's log-probs of the pool with the run's numerics: scored once per pool, model and
     numerics (a no-op when the cache exists) and shared by every run on the pool. Under torchrun rank 0
     scores while the others wait, then every rank opens the cache."""
-    from ggpo_offline.train.activity import doing
-    from ggpo_offline.train.distributed import SINGLE_PROCESS, device_of, wait_for_main
+    from ggpo_offline.train.distributed import SINGLE_PROCESS, device_of, doing, wait_for_main
     from ggpo_offline.train.pi0_cache import score_pool
 
     ranks = SINGLE_PROCESS if ranks is None else ranks

@@ -11,10 +11,9 @@ from pathlib import Path
 
 from ggpo_offline.core.errors import JobFailure, UserError, how_it_ended
 from ggpo_offline.core.lifetime import exit_with_parent
-from ggpo_offline.train.activity import FOLDER_VARIABLE, last_doing
 from ggpo_offline.train.checkpoint import resume_point
 from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
-from ggpo_offline.train.distributed import Ranks, check_split
+from ggpo_offline.train.distributed import FOLDER_VARIABLE, Ranks, check_split, last_doing
 from ggpo_offline.train.run import RunFolder, resume_hint
 from ggpo_offline.train.trainer import TrainResult
 

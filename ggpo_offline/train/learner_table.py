@@ -1,8 +1,5 @@
-"""The learner tables of README.md, docs/learners.md (ablations) and docs/corrections.md, generated from the
-registry (never by hand)."""
-
-import sys
-from pathlib import Path
+"""The learner tables of README.md, docs/learners.md (ablations) and docs/corrections.md as text, generated
+from the registry (never by hand); `tools/learner_table.py` writes them into those files."""
 
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
@@ -17,10 +14,6 @@ ABLATIONS_BEGIN = "<!-- ablations:begin -->"
 ABLATIONS_END = "<!-- ablations:end -->"
 CORRECTIONS_BEGIN = "<!-- corrections:begin -->"
 CORRECTIONS_END = "<!-- corrections:end -->"
-ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
-CORRECTIONS_DOC = ROOT / "docs" / "corrections.md"
-LEARNERS_DOC = ROOT / "docs" / "learners.md"
 
 
 def _flag(setting: str) -> str:
@@ -48,7 +41,7 @@ def _refresh_cell(entry: Learner) -> str:
 def markdown_table(ablations: bool = False) -> str:
     """The learner table of README.md, one row per registry entry that is not an ablation, or with
     ``ablations`` docs/learners.md's table of the ablations (written between the files' markers by
-    `python -m ggpo_offline.train.learner_table`)."""
+    `tools/learner_table.py`)."""
     header = [
         "method",
         "label",
@@ -79,10 +72,10 @@ def corrections_table() -> str:
     header = ["method", "framework", "its settings (defaults where not written)", "parts", "equal to", "SPEC",
               "note"]  # fmt: skip
     rows = [
-        [f"`{entry.name}`", entry.preset.framework, f"`{entry.preset.knobs}`", entry.summary,
-         f"{entry.preset.framework}@{COMMITS[entry.preset.framework]} {entry.preset.equals}",
-         f"§{entry.preset.section}", entry.preset.note or "—"]
-        for entry in CORRECTIONS
+        [f"`{entry.name}`", preset.framework, f"`{preset.knobs}`", entry.summary,
+         f"{preset.framework}@{COMMITS[preset.framework]} {preset.equals}", f"§{preset.section}",
+         preset.note or "—"]
+        for entry, preset in ((entry, entry.correction_preset) for entry in CORRECTIONS)
     ]  # fmt: skip
     return "\n".join(markdown.table(header, rows)) + "\n"
 
@@ -109,16 +102,3 @@ def with_ablations_table(doc: str) -> str:
 def with_corrections_table(doc: str) -> str:
     """docs/corrections.md's text with its generated block replaced by `corrections_table()`."""
     return _with_block(doc, CORRECTIONS_BEGIN, CORRECTIONS_END, corrections_table(), "docs/corrections.md")
-
-
-if __name__ == "__main__":
-    # A path given: that README only (tests); none: the repository's README, docs/learners.md and
-    # docs/corrections.md.
-    targets = {Path(sys.argv[1]): with_learner_table} if len(sys.argv) > 1 else {
-        README: with_learner_table,
-        LEARNERS_DOC: with_ablations_table,
-        CORRECTIONS_DOC: with_corrections_table,
-    }  # fmt: skip
-    for path, rewrite in targets.items():
-        path.write_text(rewrite(path.read_text()))
-        print(f"wrote the learner table into {path}")

@@ -3,9 +3,11 @@
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.corrections import PRESETS, Preset, describe
+from ggpo_offline.train.corrections import CORRECTION_PRESETS, CorrectionPreset, describe
+from ggpo_offline.train.loss_inputs import LossInputs, MinibatchCounts, MinibatchSource
 
 PAPER_REF_REFRESH = 160
 """T_ref of the learners that refresh π_ref by default (SPEC.md's paper default)."""
@@ -13,6 +15,9 @@ SCHEDULES = {"ref_logp": "ref_refresh", "old_logp": "tis_block"}
 """The setting that schedules each reference a loss may take: T_ref refreshes π_ref, a TIS block recomputes
 π_old (μ, ``behavior_logp``, is the pool's and never changes)."""
 SYMBOLS = {"behavior_logp": "μ", "old_logp": "π_old", "ref_logp": "π_ref"}
+
+if TYPE_CHECKING:  # the registry is read without torch (``ggpo --help``)
+    from ggpo_offline.train.losses import LossOutput
 
 
 class UnknownMethod(UserError, ValueError):
@@ -35,6 +40,21 @@ class LowerBound:
 
 POSITIVE = LowerBound(0.0, strict=True)
 NON_NEGATIVE = LowerBound(0.0, strict=False)
+
+
+@dataclass(frozen=True)
+class PerLearner:
+    """A training preset's value chosen for each learner (``make tune-lr`` and ``make tune-corrections``
+    choose the learning rates); ``default`` for a learner outside the choice."""
+
+    chosen: dict[str, float]
+    default: float
+
+    def of(self, method: str) -> float:
+        return self.chosen.get(method, self.default)
+
+    def __str__(self) -> str:  # as the flags' help shows it
+        return f"per learner (docs/tuning, docs/corrections/tuning), else {self.default:g}"
 
 
 @dataclass(frozen=True)
@@ -71,9 +91,11 @@ class Learner:
     ablates: str | None = None
     """The learner this one is an ablation of (an experiment's arm, not a method to choose): it takes that
     learner's preset values (its tuned rate), and its row is in docs/learners.md, not the README's table."""
-    preset: Preset | None = None
+    correction_preset: CorrectionPreset | None = None
     """A framework's rollout correction (`ggpo_offline.train.corrections`): its loss also takes the
     minibatch's response count, for the per-sequence aggregations."""
+    tuned_lr: float | None = None
+    """Its learning rate chosen on validation (`TUNED_LR`); None: not tuned, the default's."""
 
     @property
     def settings(self) -> tuple[str, ...]:
@@ -98,6 +120,30 @@ class Learner:
 
         return getattr(losses, self.loss_name)
 
+    def prepare(self, minibatch: MinibatchSource) -> MinibatchCounts:
+        """What every micro-batch's loss divides by, counted over the whole minibatch before its first
+        micro-batch's loss: T_tok, and a correction preset's own counts (`prepared_counts`)."""
+        if self.correction_preset is None:
+            return MinibatchCounts(minibatch.token_count)
+        from ggpo_offline.train.losses.corrected import prepared_counts
+
+        counts = prepared_counts(self.correction_preset.correction, minibatch)
+        return MinibatchCounts(minibatch.token_count, **counts)
+
+    def loss_on(self, inputs: LossInputs, settings: dict) -> "LossOutput":
+        """Its loss on one micro-batch: the constant log-probs it needs (`needs`) and the minibatch's counts
+        from ``inputs``, and ``settings`` (`loss_kwargs`)."""
+        references = {need: getattr(inputs, need) for need in self.needs}
+        return self.loss(
+            logp=inputs.logp,
+            mask=inputs.mask,
+            rewards=inputs.rewards,
+            group_size=inputs.group_size,
+            **inputs.counts.given(),
+            **references,
+            **settings,
+        )
+
 
 # Colours: the paper's Figure 4 (GRPO orange, GRPO+TIS purple dashed, AGRO green, GGPO blue).
 # Bounds: GGPO, GGPO-clip, AGRO, GGPO reward-only and bounded push divide by β; the Proximal KL family is PG
@@ -109,6 +155,7 @@ REGISTRY: tuple[Learner, ...] = (
         needs=("ref_logp",), hyperparameters=("beta",), bounds={"beta": POSITIVE}, refreshes_reference=True,
         formula="SPEC.md GGPO; paper Eq. 6, 11, Algorithm 1",
         style={"color": "#1f77b4", "linestyle": "-"},
+        tuned_lr=1e-4,
     ),
     Learner(
         name="ggpo-clip", label="GGPO-clip", summary="GGPO with token-clipped coefficients",
@@ -124,6 +171,7 @@ REGISTRY: tuple[Learner, ...] = (
         needs=("ref_logp",), hyperparameters=("beta",), bounds={"beta": POSITIVE}, refreshes_reference=True,
         formula="SPEC.md AGRO; paper Appendix C.2, Eq. 62",
         style={"color": "#2ca02c", "linestyle": "-"},
+        tuned_lr=1e-4,
     ),
     Learner(
         name="grpo", label="GRPO", summary="PPO dual-clip on π_θ/μ + k3 KL to π_ref",
@@ -132,6 +180,7 @@ REGISTRY: tuple[Learner, ...] = (
         refreshes_reference=False,
         formula="SPEC.md GRPO; paper Appendix C.2",
         style={"color": "#ff7f0e", "linestyle": "-"},
+        tuned_lr=3e-4,
     ),
     Learner(
         name="grpo-tis", label="GRPO+TIS", summary="PPO against π_old × capped π_old/μ",
@@ -140,6 +189,7 @@ REGISTRY: tuple[Learner, ...] = (
         hyperparameters=("tis_cap", "clip_eps", "dual_clip", "kl_coef"), refreshes_reference=False,
         formula="SPEC.md GRPO+TIS; paper Appendix C.2, Eq. 61",
         style={"color": "#9467bd", "linestyle": "--"},
+        tuned_lr=1e-4,
     ),
     Learner(
         name="proximal-kl", label="Proximal KL",
@@ -149,6 +199,7 @@ REGISTRY: tuple[Learner, ...] = (
         bounds={"beta": NON_NEGATIVE}, refreshes_reference=True,
         formula="SPEC-beyond §1; PKL paper Sec. 4, Eq. 5–7",
         style={"color": "#8c564b", "linestyle": "-"},
+        tuned_lr=1e-4,
     ),
     Learner(
         name="pg", label="PG", summary="Proximal KL with β = 0: κ = w·Â",
@@ -156,6 +207,7 @@ REGISTRY: tuple[Learner, ...] = (
         needs=("behavior_logp",), hyperparameters=(), fixed={"beta": 0.0}, refreshes_reference=False,
         formula="SPEC-beyond §1 with β = 0 (κ = w·Â)",
         style={"color": "#7f7f7f", "linestyle": "--"},
+        tuned_lr=1e-4,
     ),
     Learner(
         name="cispo", label="CISPO", summary="κ = clip(w, c_lo, c_hi)·Â",
@@ -163,6 +215,7 @@ REGISTRY: tuple[Learner, ...] = (
         needs=("behavior_logp",), hyperparameters=("cispo_low", "cispo_high"), refreshes_reference=False,
         formula="SPEC-beyond §2; MiniMax-M1 Eq. 4–5",
         style={"color": "#e377c2", "linestyle": "-"},
+        tuned_lr=1e-4,
     ),
     Learner(
         name="seq-is", label="seq-IS", summary="Proximal KL with the geometric-mean sequence weight",
@@ -171,6 +224,7 @@ REGISTRY: tuple[Learner, ...] = (
         bounds={"beta": NON_NEGATIVE}, refreshes_reference=True,
         formula="SPEC-beyond §3; PKL paper Eq. 11 (GSPO-token)",
         style={"color": "#bcbd22", "linestyle": "-."},
+        tuned_lr=1e-4,
     ),
     Learner(
         name="is-free", label="IS-free", summary="κ = Â − C, no importance weight",
@@ -179,6 +233,7 @@ REGISTRY: tuple[Learner, ...] = (
         bounds={"beta": NON_NEGATIVE}, refreshes_reference=True,
         formula="SPEC-beyond §4; PKL paper Eq. 12",
         style={"color": "#17becf", "linestyle": "-."},
+        tuned_lr=1e-4,
     ),
     Learner(
         name="ggpo-reward-only", label="GGPO reward-only",
@@ -202,11 +257,12 @@ REGISTRY: tuple[Learner, ...] = (
         needs=(), hyperparameters=(), refreshes_reference=False,
         formula="rejection-sampling fine-tuning: NLL of the correct responses (this toolkit's control)",
         style={"color": "#000000", "linestyle": ":"},
+        tuned_lr=3e-4,
     ),
 )  # fmt: skip
 
 
-def _preset_learner(preset: Preset, position: int) -> Learner:
+def _correction_learner(preset: CorrectionPreset, position: int) -> Learner:
     """A framework preset as a learner: its parts fixed (framework defaults), only π_old's schedule read."""
     correction = preset.correction
     return Learner(
@@ -215,11 +271,13 @@ def _preset_learner(preset: Preset, position: int) -> Learner:
         refreshes_reference=False,
         formula=f"SPEC-corrections §{preset.section}; {preset.framework} {preset.knobs}",
         style={"color": f"C{position % 10}", "linestyle": ("-", "--", "-.", ":")[position // 10 % 4]},
-        fixed={"correction": correction}, preset=preset,
+        fixed={"correction": correction}, correction_preset=preset, tuned_lr=preset.tuned_lr,
     )  # fmt: skip
 
 
-CORRECTIONS: tuple[Learner, ...] = tuple(_preset_learner(preset, i) for i, preset in enumerate(PRESETS))
+CORRECTIONS: tuple[Learner, ...] = tuple(
+    _correction_learner(preset, i) for i, preset in enumerate(CORRECTION_PRESETS)
+)
 """Every framework's rollout correction as a learner (docs/corrections.md); REGISTRY holds the others."""
 LEARNERS: dict[str, Learner] = {learner.name: learner for learner in REGISTRY + CORRECTIONS}
 METHODS: tuple[str, ...] = tuple(learner.name for learner in REGISTRY)
@@ -229,6 +287,15 @@ SETTINGS: tuple[str, ...] = tuple(
 )
 """The learner-specific settings: every learner's hyperparameters and reference schedules. A learner
 refuses those it does not read (`ggpo_offline.train.training_presets`)."""
+TUNED_LR = PerLearner(
+    chosen={entry.name: entry.tuned_lr for entry in LEARNERS.values() if entry.tuned_lr is not None},
+    default=3e-4,
+)
+"""The rates of the tiny and arc presets. `make tune-lr` (docs/tuning) and `make tune-corrections`
+(docs/corrections/tuning) choose each learner's ``tuned_lr`` from 3e-5, 1e-4, 3e-4 by its validation mean@2
+at the selected checkpoints, mean over seeds 42, 1234, 2027, the tiny preset on the default pool: the higher
+mean, not a resolved difference (none of the ten core learners' is, after Holm). A learner outside the sweeps
+gets the GRPO baseline's rate, the paper's rule."""
 
 
 def learner(method: str) -> Learner:
@@ -250,7 +317,7 @@ def readers(setting: str) -> tuple[str, ...]:
 
 def named(names: tuple[str, ...] | list[str]) -> str:
     """Learner names for one line: the framework presets among them counted, not listed."""
-    own = [name for name in names if LEARNERS[name].preset is None]
+    own = [name for name in names if LEARNERS[name].correction_preset is None]
     presets = len(names) - len(own)
     counted = [f"{presets} framework presets (docs/corrections.md)"] if presets else []
     return ", ".join(own + counted)

@@ -73,7 +73,7 @@ def response_logprobs(
     row, rows length-sorted, so little compute goes to padding. The output head and the fp32 log-softmax run
     only on the valid response tokens, ``chunk_tokens`` at a time (default ``CHUNK_LOGITS // V``;
     `TokenLogprobs`), gathering the sampled token's log-prob and, when asked, the full-vocabulary entropy.
-    Peak memory no longer grows with ``B·T·V``; values and gradients equal ``full_vocab_logprobs``
+    Peak memory does not grow with ``B·T·V``; values and gradients equal ``full_vocab_logprobs``
     (tested to 1e-5 in fp32).
     """
     head = model.get_output_embeddings()

@@ -1,6 +1,8 @@
-"""The names a run logs its per-update training metrics under (metrics.jsonl, MLflow): the trainer writes
-them and the reports read them, through these constants (SPEC.md "Diagnostics"). Torch-free, so that reports
-read them without loading the trainer; the names logged at evaluated checkpoints are `checkpoint_metrics`'."""
+"""The names a run logs its metrics under (metrics.jsonl, MLflow), per update and at evaluated checkpoints:
+the trainer writes them and the reports read them, through these constants (SPEC.md "Diagnostics").
+Torch-free, so that reports read them without loading the trainer."""
+
+from ggpo_offline.evaluate import generated
 
 UPDATE = "update"
 """The update a metrics.jsonl record belongs to (its MLflow step)."""
@@ -21,3 +23,16 @@ TRUNCATED_FRAC = "train/truncated_frac"
 FILTERED_FRAC = "train/filtered_frac"
 Q_ESS = "ggpo/q_ess"
 SUCCESS_ESS = "ggpo/success_ess"
+
+# What a run logs at each evaluated checkpoint beside its scores: its drift from π0 on the fixed probe and
+# what it generated.
+PROBE_K3 = "probe/k3"
+PROBE_LOG_RATIO = "probe/log_ratio"
+PROBE_METRICS = (PROBE_K3, PROBE_LOG_RATIO)
+"""With λ_t = log π_θ(a_t) − log π0(a_t) on the probe's responses (`ggpo_offline.train.probe`): the token
+mean of exp(λ_t) − λ_t − 1 (SPEC "Diagnostics" `mismatch/k3` with π0 in μ's place) and the mean over
+responses of Σ_t λ_t (SPEC `ref/log_ratio` with π0 as the reference)."""
+GENERATED_PREFIX = "eval/generated/"
+GENERATED_METRICS = tuple(f"{GENERATED_PREFIX}{name}" for name in generated.DIAGNOSTICS)
+"""What each evaluation's samples looked like (`ggpo_offline.evaluate.generated`), logged with its scores."""
+CHECKPOINT_METRICS = PROBE_METRICS + GENERATED_METRICS

@@ -5,9 +5,9 @@ import torch
 from torch import Tensor
 
 from ggpo_offline.train import diagnostics as diag
-from ggpo_offline.train.checkpoint_metrics import PROBE_K3, PROBE_LOG_RATIO
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import Ranks, all_sum, rank_groups
+from ggpo_offline.train.metric_names import PROBE_K3, PROBE_LOG_RATIO
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.plan import PoolIndex
 

@@ -1,5 +1,6 @@
 """A run folder and its life: where each file sits, preparing or resuming it, and metrics flushed to it and
-to MLflow together. Reading a finished run (report, compare, CLI) needs only `RunFolder`, not torch."""
+to MLflow together, with the names of what it logs at evaluated checkpoints. Reading a finished run (report,
+compare, CLI) needs only `RunFolder`, not torch."""
 
 import json
 import shutil
@@ -11,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from ggpo_offline.core.errors import JobFailure, UserError
 from ggpo_offline.evaluate.report import EvalReport
-from ggpo_offline.train.activity import launched_by_ggpo
 from ggpo_offline.train.config import Timeouts, TrainConfig
 from ggpo_offline.train.metric_names import MISMATCH_ESS_BLOCK, UPDATE
 from ggpo_offline.train.profile import PhaseTime, RunProfile
@@ -295,7 +295,7 @@ class Run:
 @contextmanager
 def failures_explained(run_dir: Path, ranks: "Ranks", timeouts: Timeouts) -> Iterator[None]:
     """A peer's death seen as a torch error becomes the job's one line; a failure says how to resume."""
-    from ggpo_offline.train.distributed import lost_peer_failure, peer_lost
+    from ggpo_offline.train.distributed import launched_by_ggpo, lost_peer_failure, peer_lost
 
     try:
         yield

@@ -14,27 +14,27 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import load_tokenizer
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.report import EvalReport
-from ggpo_offline.train.activity import doing
 from ggpo_offline.train.checkpoint import RankState, RunState, load_state, resume_point, save_checkpoint
 from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
-from ggpo_offline.train.corrections import Correction
 from ggpo_offline.train.distributed import (
     SINGLE_PROCESS,
     Ranks,
     all_sum,
     device_of,
+    doing,
     full_state_dict,
     gradient_sync,
     init_ranks,
     rank_groups,
     scalar,
+    stop_when_asked,
     wrap,
 )
 from ggpo_offline.train.evaluation import CheckpointEvaluations
 from ggpo_offline.train.inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.logprobs import ResponseLogprobs
+from ggpo_offline.train.loss_inputs import LossInputs, MinibatchCounts
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
-from ggpo_offline.train.losses.corrected import minibatch_counts, reads_policy
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.pi0_cache import Pi0Cache
 from ggpo_offline.train.probe import DriftProbe, drift_probe
@@ -196,11 +196,10 @@ class Trainer:
         finally:
             self.policy.train()
 
-    def attach(self, probe: DriftProbe | None) -> Callable[[], dict[str, float]]:
+    def attach(self, probe: DriftProbe | None) -> None:
         """Measure the drift from π0 on ``probe`` (before `restore`, which gives it π0's log-probs back);
-        returns `drift`, which every rank calls at each evaluated checkpoint."""
+        every rank measures it at each evaluated checkpoint (`drift`)."""
         self.probe = probe
-        return self.drift
 
     def drift(self) -> dict[str, float]:
         """The policy's drift from π0 on the probe (`DriftProbe`; {} without one): every rank calls it."""
@@ -214,9 +213,10 @@ class Trainer:
         micro-batch, then the step; returns the minibatch's metrics, reduced over ranks and computed before
         the step. The anchors this update reads must be fresh (`refresh_anchors`)."""
         micros = batch.split(self.config.micro_batch_size)
-        counts = self._counts(batch, micros)
+        token_count = all_sum(batch.mask.sum(), self.ranks).to(self.device)
+        counts = self.learner.prepare(_OnDevice(self, micros, token_count))
         responses = batch.num_responses * self.ranks.world
-        diagnostics = StepDiagnostics(counts["token_count"], responses, self.needs_ref, self.ranks)
+        diagnostics = StepDiagnostics(counts.token_count, responses, self.needs_ref, self.ranks)
         self.optimizer.zero_grad(set_to_none=True)
         with self.profile.phase("forward_backward", self.update):
             for position, micro in enumerate(micros):
@@ -236,7 +236,7 @@ class Trainer:
             grad_norm = scalar(
                 torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.grad_clip)
             )
-            self._check_finite(diagnostics.reduce_sums()["loss"], grad_norm, counts.get("kept_token_count"))
+            self._check_finite(diagnostics.reduce_sums()["loss"], grad_norm, counts.kept_token_count)
             self.optimizer.step()
         metrics = diagnostics.metrics(batch, grad_norm, self.config.method, self.ess_block)
         self.ref_window.pop(self.update, None)  # served; the checkpoint keeps only what is still due
@@ -244,41 +244,23 @@ class Trainer:
         self.update += 1
         return metrics
 
-    def _counts(self, batch: Minibatch, micros: list[Minibatch]) -> dict[str, Tensor]:
-        """What every micro-batch's loss divides by, the whole minibatch's (summed over ranks): T_tok, and a
-        framework preset's own counts (`minibatch_counts`)."""
-        counts = {"token_count": all_sum(batch.mask.sum(), self.ranks).to(self.device)}
-        if self.learner.preset is not None:
-            correction = self.learner.preset.correction
-            calls = [self._preset_inputs(micro, i, correction) for i, micro in enumerate(micros)]
-            counts |= minibatch_counts(correction, calls, lambda x: all_sum(x, self.ranks).to(self.device))
-        return counts
-
-    @torch.no_grad()
-    def _preset_inputs(self, micro: Minibatch, position: int, correction: Correction) -> dict[str, Tensor]:
-        """One micro-batch's mask, and the constants and π_θ's log-probs (`reads_policy`) its counts read."""
-        inputs = {"mask": micro.mask.to(self.device)}
-        if correction.rejects or correction.batch_normalize:
-            inputs |= self._constants(micro, position)
-        if reads_policy(correction):
-            inputs["logp"] = self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)[0]
-        return inputs
-
     def _loss(
-        self, micro: Minibatch, logp: Tensor, mask: Tensor, counts: dict[str, Tensor], constants: dict
+        self, micro: Minibatch, logp: Tensor, mask: Tensor, counts: MinibatchCounts, constants: dict
     ) -> LossOutput:
-        """The learner's loss on one micro-batch, normalized by the minibatch's ``counts`` (T_tok, and G for
-        a framework preset)."""
+        """The learner's loss on one micro-batch, normalized by the minibatch's ``counts``
+        (`Learner.prepare`)."""
+        inputs = LossInputs(
+            logp=logp,
+            mask=mask,
+            rewards=micro.rewards.to(self.device),
+            group_size=micro.group_size,
+            counts=counts,
+            behavior_logp=constants.get("behavior_logp"),
+            old_logp=constants.get("old_logp"),
+            ref_logp=constants.get("ref_logp"),
+        )
         try:
-            return self.learner.loss(
-                logp=logp,
-                mask=mask,
-                rewards=micro.rewards.to(self.device),
-                group_size=micro.group_size,
-                **counts,
-                **constants,
-                **self.loss_kwargs,
-            )
+            return self.learner.loss_on(inputs, self.loss_kwargs)
         except NonFiniteCoefficient as error:
             raise UserError(f"{error} at update {self.update}; stopped before writing a checkpoint") from None
 
@@ -302,6 +284,36 @@ class Trainer:
         if self.needs_old:
             constants["old_logp"] = self.old_window[self.update][position]
         return {k: v.to(self.device) for k, v in constants.items() if k in self.learner.needs}
+
+
+@dataclass(frozen=True)
+class _OnDevice:
+    """One update's minibatch as its learner's `Learner.prepare` reads it (`MinibatchSource`): each
+    micro-batch's tensors on the trainer's device, the counts summed over its ranks."""
+
+    trainer: Trainer
+    micros: list[Minibatch]
+    token_count: Tensor
+
+    @property
+    def micro_batches(self) -> int:
+        return len(self.micros)
+
+    def mask(self, position: int) -> Tensor:
+        return self.micros[position].mask.to(self.trainer.device)
+
+    def constants(self, position: int) -> dict[str, Tensor]:
+        return self.trainer._constants(self.micros[position], position)
+
+    @torch.no_grad()
+    def policy_logp(self, position: int) -> Tensor:
+        # The loss's own forward: with the entropy, the log-probs' normaliser differs in the last bits, and a
+        # count read on π_θ must see the log-probs the loss reads.
+        micro, trainer = self.micros[position], self.trainer
+        return trainer.policy(micro, with_entropy=True, forward_tokens=trainer.forward_tokens)[0]
+
+    def total(self, count: Tensor) -> Tensor:
+        return all_sum(count, self.trainer.ranks).to(self.trainer.device)
 
 
 def _use_threads(threads: int | None) -> None:
@@ -335,12 +347,11 @@ def train(
     Under torchrun every process calls this: each trains its contiguous share of every minibatch's groups
     (DDP, or FSDP2 with ``config.fsdp``); rank 0 alone evaluates (in a process of its own), talks to MLflow
     and writes files. No wait is unbounded (``timeouts``): a process that gives up raises a `JobFailure`.
-
-    Long because it is the algorithm read top to bottom: set-up, the loop over updates, the end.
     """
     from ggpo_offline.core import tracking
 
     ranks = init_ranks(timeouts)
+    stop_when_asked(ranks)
     profile = RunProfile.of_first_run()  # where the time goes, into the run's profile.jsonl
     with failures_explained(config.run_dir, ranks, timeouts):
         # Set-up: every input is checked before the run folder is touched.
@@ -354,43 +365,71 @@ def train(
             if not config.no_tracking and ranks.main:
                 tracking.check_tracking_reachable(config.tracking_uri or tracking.default_tracking_uri())
             run = Run(config, ranks, resume=resume, overwrite=overwrite, profile=profile)
-            resumed = resume_point(run.folder, config, ranks) if resume else None
-            _use_threads(config.threads)
-            with profile.phase("pi0"):
-                pi0 = reference_pi0(config, inputs, ranks)
-            minibatches = PlannedMinibatches(inputs, ranks)
-            torch.manual_seed(config.seed)
-            trainer = Trainer(config, resumed or inputs.model_dir, pi0, ranks, inputs.temperature, profile)
-            evaluations.drift = trainer.attach(drift_probe(config, minibatches.reader, ranks))
-            run_id = trainer.restore(resumed) if resumed is not None else None
-            run.start(trainer.update, run_id, parent_run_id, inputs.fingerprints, inputs.tracking_params)
-
+            trainer, minibatches = _started(config, run, inputs, ranks, resume, parent_run_id, profile)
             with tracking.ending(run.tracker):
-                for update in range(trainer.update, config.updates):
-                    evaluation = evaluations.at(update, run.folder)  # of the checkpoint before the update
-                    doing(f"training update {update}")
-                    trainer.refresh_anchors(minibatches)  # π_ref / π_old, when one is due now
-                    metrics = trainer.step(minibatches[update])  # log-probs → loss → backward → step
-                    metrics["train/filtered_frac"] = inputs.filtered_frac
-                    done = update + 1
-                    run.record(update, evaluation, metrics, last=done == config.updates)
-                    if on_update is not None:
-                        on_update(update, metrics)
-                    if _checkpoint_due(config, evaluations, done):
-                        run.flush()  # the metrics reach the store with the checkpoint that gives them
-                        doing(f"saving the checkpoint of update {done}")
-                        with profile.phase("checkpoint", done):
-                            trainer.save(run.folder.checkpoint(done), run.run_id)
-                    elif config.save_every is None and done % FLUSH_EVERY == 0:
-                        run.flush()
-                run.record(config.updates, evaluations.at(config.updates, run.folder))
-                run.flush()
-                doing("saving the final model")
-                with profile.phase("final"):
-                    final = trainer.save(run.folder.final, run.run_id, resumable=False)  # no resume state
+                final = _updates(trainer, minibatches, evaluations, run, inputs.filtered_frac, on_update)
             selected = evaluations.test(run.folder)
         run.finish(final, inputs.fingerprints, selected)
     return TrainResult(run.folder.path, final, run.run_id, inputs.fingerprints, run.history)
+
+
+def _started(
+    config: TrainConfig,
+    run: Run,
+    inputs: RunInputs,
+    ranks: Ranks,
+    resume: bool,
+    parent_run_id: str | None,
+    profile: RunProfile,
+) -> tuple[Trainer, PlannedMinibatches]:
+    """The trainer at the run's first update, from the initial model or the checkpoint --resume continues,
+    and the run started at that update."""
+    resumed = resume_point(run.folder, config, ranks) if resume else None
+    _use_threads(config.threads)
+    with profile.phase("pi0"):
+        pi0 = reference_pi0(config, inputs, ranks)
+    minibatches = PlannedMinibatches(inputs, ranks)
+    torch.manual_seed(config.seed)
+    trainer = Trainer(config, resumed or inputs.model_dir, pi0, ranks, inputs.temperature, profile)
+    trainer.attach(drift_probe(config, minibatches.reader, ranks))
+    run_id = trainer.restore(resumed) if resumed is not None else None
+    run.start(trainer.update, run_id, parent_run_id, inputs.fingerprints, inputs.tracking_params)
+    return trainer, minibatches
+
+
+def _updates(
+    trainer: Trainer,
+    minibatches: PlannedMinibatches,
+    evaluations: CheckpointEvaluations,
+    run: Run,
+    filtered_frac: float,
+    on_update: Callable[[int, dict], None] | None,
+) -> Path:
+    """Every update left, each evaluated when due, trained, recorded and checkpointed when due; then the
+    last evaluation and the final model, whose folder this returns."""
+    config, profile = trainer.config, trainer.profile
+    for update in range(trainer.update, config.updates):
+        evaluation = evaluations.at(update, run.folder, trainer.drift)  # of the checkpoint before the update
+        doing(f"training update {update}")
+        trainer.refresh_anchors(minibatches)  # π_ref / π_old, when one is due now
+        metrics = trainer.step(minibatches[update])  # log-probs → loss → backward → step
+        metrics["train/filtered_frac"] = filtered_frac
+        done = update + 1
+        run.record(update, evaluation, metrics, last=done == config.updates)
+        if on_update is not None:
+            on_update(update, metrics)
+        if _checkpoint_due(config, evaluations, done):
+            run.flush()  # the metrics reach the store with the checkpoint that gives them
+            doing(f"saving the checkpoint of update {done}")
+            with profile.phase("checkpoint", done):
+                trainer.save(run.folder.checkpoint(done), run.run_id)
+        elif config.save_every is None and done % FLUSH_EVERY == 0:
+            run.flush()
+    run.record(config.updates, evaluations.at(config.updates, run.folder, trainer.drift))
+    run.flush()
+    doing("saving the final model")
+    with profile.phase("final"):
+        return trainer.save(run.folder.final, run.run_id, resumable=False)  # no resume state
 
 
 def _checkpoint_due(config: TrainConfig, evaluations: CheckpointEvaluations, done: int) -> bool:

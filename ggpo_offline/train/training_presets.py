@@ -7,8 +7,7 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import construct, flag_name, load_config_file, normalize
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
-from ggpo_offline.train.learners import Learner, learner, named, readers
-from ggpo_offline.train.rates import TUNED_LR, PerLearner
+from ggpo_offline.train.learners import TUNED_LR, Learner, PerLearner, learner, named, readers
 
 PRESETS: dict[str, dict] = {
     # SPEC.md "Paper defaults" (offline): β 0.01, m 8, G 32, U 400, lr 1e-6, T_ref 160.

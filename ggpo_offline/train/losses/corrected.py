@@ -6,6 +6,7 @@ behaviour weight and keep-masks, aggregated by a mode. `Correction` (`train.corr
 """
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -22,6 +23,9 @@ from ggpo_offline.train.losses.common import (
     _token_sum_over,
 )
 from ggpo_offline.train.losses.grpo import _grpo_advantage
+
+if TYPE_CHECKING:
+    from ggpo_offline.train.loss_inputs import MinibatchSource
 
 
 def _rejections_keep(correction: Correction, x: Tensor, mask: Tensor) -> Tensor:
@@ -118,6 +122,21 @@ def minibatch_counts(
         parts = [weight_total(c, x["old_logp"], x["behavior_logp"], x["mask"]) for x in calls]
         counts["weight_total"] = total(torch.stack(parts).sum())
     return counts
+
+
+def prepared_counts(correction: Correction, minibatch: "MinibatchSource") -> dict[str, Tensor]:
+    """`minibatch_counts` of ``correction`` over ``minibatch``'s micro-batches, each read for what its
+    counts need only: the mask; the constants where a rejection or the batch normalisation reads them; π_θ's
+    log-probs where `reads_policy`."""
+    calls = []
+    for position in range(minibatch.micro_batches):
+        call = {"mask": minibatch.mask(position)}
+        if correction.rejects or correction.batch_normalize:
+            call |= minibatch.constants(position)
+        if reads_policy(correction):
+            call["logp"] = minibatch.policy_logp(position)
+        calls.append(call)
+    return minibatch_counts(correction, calls, minibatch.total)
 
 
 def weight_total(correction: Correction, old_logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> Tensor:

@@ -1,8 +1,5 @@
 """GRPO and GRPO+TIS (SPEC.md; paper Appendix C.2): PPO-clipped token ratios with a k3 KL to the reference."""
 
-from typing import NamedTuple
-
-import torch
 from torch import Tensor
 
 from ggpo_offline.train.losses.common import (
@@ -14,6 +11,7 @@ from ggpo_offline.train.losses.common import (
     _token_count,
     _token_sum_over,
 )
+from ggpo_offline.train.losses.objectives import PolicyGradient, ppo_dual_clip
 
 
 def _grpo_advantage(rewards: Tensor, m: int) -> Tensor:
@@ -22,24 +20,7 @@ def _grpo_advantage(rewards: Tensor, m: int) -> Tensor:
     return ((r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, keepdim=True) + 1e-6)).flatten()
 
 
-class _PolicyGradient(NamedTuple):
-    pg: Tensor  # [B, T] per-token loss pg_t
-    clipped: Tensor  # [B, T] bool, the PPO clip branch is the active one
-    dual_clipped: Tensor  # [B, T] bool, the dual clip bound is the active one
-
-
-def _ppo_dual_clip(ratio: Tensor, A: Tensor, clip_eps: float, dual_clip: float) -> _PolicyGradient:
-    """pg_t = max(−A ρ_t, −A clip(ρ_t, 1−ε, 1+ε)), then min(pg_t, −A·c) where A < 0 (dual clip)."""
-    A = A[:, None]  # [B, 1]
-    pg1 = -A * ratio
-    pg2 = -A * ratio.clamp(1 - clip_eps, 1 + clip_eps)
-    pg = torch.maximum(pg1, pg2)
-    pg3 = -A * dual_clip
-    dual_clipped = (A < 0) & (pg3 < pg)
-    return _PolicyGradient(torch.where(dual_clipped, pg3, pg), pg2 > pg1, dual_clipped)
-
-
-def _grpo_stats(A: Tensor, pg: _PolicyGradient, kl: Tensor, mask: Tensor, T_tok: Tensor) -> dict[str, Tensor]:
+def _grpo_stats(A: Tensor, pg: PolicyGradient, kl: Tensor, mask: Tensor, T_tok: Tensor) -> dict[str, Tensor]:
     """advantage [B]; clip_frac, dual_clip_frac and kl as token means under the global normalization."""
     return {
         "advantage": A,
@@ -87,7 +68,7 @@ def grpo_loss(
     T_tok = _token_count(mask, token_count, logp)
     A = _grpo_advantage(rewards, group_size)  # [B]
     ratio = _ratio(logp - behavior_logp)  # [B, T]
-    pg = _ppo_dual_clip(ratio, A, clip_eps, dual_clip)
+    pg = ppo_dual_clip(ratio, A, clip_eps, clip_eps, dual_clip)
     kl = _k3_kl(logp, ref_logp)  # [B, T]
     loss = _token_sum_over(pg.pg, mask, T_tok) + kl_coef * _token_sum_over(kl, mask, T_tok)
     return LossOutput(loss, _grpo_stats(A, pg, kl, mask, T_tok))
@@ -126,7 +107,7 @@ def grpo_tis_loss(
     raw_w = _ratio(old_logp - behavior_logp).detach()  # [B, T]
     w = raw_w.clamp(max=tis_cap)
     ratio = _ratio(logp - old_logp)  # [B, T]
-    pg = _ppo_dual_clip(ratio, A, clip_eps, dual_clip)
+    pg = ppo_dual_clip(ratio, A, clip_eps, clip_eps, dual_clip)
     kl = _k3_kl(logp, ref_logp)  # [B, T]
     loss = _token_sum_over(w * pg.pg, mask, T_tok) + kl_coef * _token_sum_over(kl, mask, T_tok)
     stats = {

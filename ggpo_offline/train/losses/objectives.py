@@ -4,19 +4,40 @@ Each takes the advantage A [B], the learner's log-probs and the log-ratio ρ = l
 (with gradient; π_old is μ in bypass mode) and returns ℓ [B, T] before any behaviour weight or aggregation.
 """
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from ggpo_offline.train.losses.common import _ratio, _seq_sum
 
 
+class PolicyGradient(NamedTuple):
+    pg: Tensor  # [B, T] per-token loss pg_t
+    clipped: Tensor  # [B, T] bool, the PPO clip branch is the active one
+    dual_clipped: Tensor  # [B, T] bool, the dual clip bound is the active one
+
+
+def ppo_dual_clip(
+    ratio: Tensor, A: Tensor, eps_low: float, eps_high: float, dual_clip: float | None
+) -> PolicyGradient:
+    """SPEC.md GRPO's pg_t (SPEC-corrections' PPO_dual): pg_t = max(−A ρ_t, −A clip(ρ_t, 1−ε_l, 1+ε_h)), then
+    with a dual clip c, pg_t = min(pg_t, −A·c) where A < 0 (the bound taken only where it is lower, so a tie
+    keeps pg_t's gradient whole)."""
+    A = A[:, None]  # [B, 1]
+    pg1 = -A * ratio
+    pg2 = -A * ratio.clamp(1 - eps_low, 1 + eps_high)
+    pg = torch.maximum(pg1, pg2)
+    if dual_clip is None:
+        return PolicyGradient(pg, pg2 > pg1, torch.zeros_like(pg, dtype=torch.bool))
+    pg3 = -A * dual_clip
+    dual_clipped = (A < 0) & (pg3 < pg)
+    return PolicyGradient(torch.where(dual_clipped, pg3, pg), pg2 > pg1, dual_clipped)
+
+
 def ppo(log_ratio: Tensor, A: Tensor, eps_low: float, eps_high: float, dual_clip: float | None) -> Tensor:
-    """PPO(x) = max(−A·x, −A·clip(x, 1−ε_l, 1+ε_h)); with a dual clip c, min(PPO(x), −A·c) where A < 0."""
-    ratio, A = _ratio(log_ratio), A[:, None]
-    loss = torch.maximum(-A * ratio, -A * ratio.clamp(1 - eps_low, 1 + eps_high))
-    if dual_clip is not None:
-        loss = torch.where(A < 0, torch.minimum(loss, -A * dual_clip), loss)
-    return loss
+    """PPO(x) = max(−A·x, −A·clip(x, 1−ε_l, 1+ε_h)) on x = exp(log_ratio), dual-clipped (`ppo_dual_clip`)."""
+    return ppo_dual_clip(_ratio(log_ratio), A, eps_low, eps_high, dual_clip).pg
 
 
 def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
