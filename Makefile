@@ -95,7 +95,7 @@ corrections: setup
 
 # How each learner's learning rate was chosen (docs/tuning/): every learner of the reports at three rates,
 # three seeds, the tiny preset at 128 problems x 2 samples otherwise, judged on validation only
-# (--no-test); each learner's tuned_lr in the registry (train/learners.py, train/corrections.py) records the
+# (--no-test); each learner's tuned_lr in the registry (train/learners.py, train/correction_presets.py) records the
 # choice. `make tune-corrections` does the same for `make corrections`' presets (docs/corrections/tuning/).
 TUNE_LRS ?= 3e-4 1e-4 3e-5
 TUNE_FIRST ?= grpo,agro,proximal-kl,cispo,is-free

@@ -71,7 +71,7 @@ def measure(task: str, path: Path) -> dict:
 
         rows = validate_pool(path).rows
     else:
-        from ggpo_offline.train.plan import index_pool, plan_minibatches
+        from ggpo_offline.train.pool_index import index_pool, plan_minibatches
 
         index = index_pool(path)
         plan_minibatches(index, seed=42, updates=400, groups_per_batch=32)

@@ -118,7 +118,7 @@ def train(options: dict, settings: dict) -> None:
 
     Every training setting has a flag (below, after --overwrite); a --config file takes the same names."""
     from ggpo_offline.train.distributed import is_main_process
-    from ggpo_offline.train.preview import plan_run
+    from ggpo_offline.train.dry_run import plan_run
     from ggpo_offline.train.trainer import train as run
     from ggpo_offline.train.training_presets import resolve_config
 

@@ -171,7 +171,7 @@ def eval_line(report: "EvalReport") -> str:
 
 def print_training_result(result) -> None:
     stdout.print(f"final model: {result.final_model}")
-    from ggpo_offline.train.run import RunFolder
+    from ggpo_offline.train.run_folder import RunFolder
 
     stdout.print(f"metrics: {RunFolder(result.run_dir).metrics_file}; MLflow run: {result.run_id}")
     stdout.print(f"data-order fingerprint: {result.fingerprints.data_order_fingerprint}")
@@ -268,7 +268,7 @@ DRY_RUN = "dry run: nothing was written; the same command without --dry-run runs
 
 def print_run_plan(plan) -> None:
     """`ggpo train --dry-run`: what the run would do, after the resolved config."""
-    from ggpo_offline.train.preview import plan_lines
+    from ggpo_offline.train.dry_run import plan_lines
 
     verb = {"train": "train", "resume": "resume", "replace": "replace the run in"}[plan.action]
     stdout.print(f"run: {verb} {plan.config.run_dir}")
@@ -281,7 +281,7 @@ def print_run_plan(plan) -> None:
 def print_compare_plan(ready) -> None:
     """`ggpo compare --dry-run`: the runs, what happens to each, their data and evaluations, the time."""
     from ggpo_offline.compare.comparison import ACTIONS
-    from ggpo_offline.train.preview import RunPlan, plan_lines
+    from ggpo_offline.train.dry_run import RunPlan, plan_lines
 
     runs, config = ready.runs, ready.config
     stdout.print(

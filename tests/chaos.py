@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.run_folder import RunFolder
 
 GGPO = str(Path(sys.executable).parent / "ggpo")
 POOL = [

@@ -186,8 +186,8 @@ def rehearsal_pool(tmp_path_factory, rehearsal_dir) -> Path:
 
 POOL_PASSES = (
     ("ggpo_offline.pool.validate", "validate_pool"),
-    ("ggpo_offline.train.plan", "index_pool"),
-    ("ggpo_offline.train.plan", "pool_fingerprint"),
+    ("ggpo_offline.train.pool_index", "index_pool"),
+    ("ggpo_offline.train.pool_index", "pool_fingerprint"),
     ("ggpo_offline.pool.inspect", "pool_summary"),
 )
 """Functions that each read through a pool (or its footer): a command calls each at most once."""

@@ -16,13 +16,13 @@ from ggpo_offline.compare import arc as arc_module
 from ggpo_offline.compare.arc import _records, ablation_runs, ablation_table, arc_report, styles_table
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
+from ggpo_offline.compare.finished_runs import RunRecord
 from ggpo_offline.compare.manifest import CompareManifest, ManifestRun
 from ggpo_offline.compare.report import write_tables
-from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.report import EvalReport
-from ggpo_offline.train.records import RunSettings
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.run_folder import RunFolder
+from ggpo_offline.train.run_records import RunSettings
 
 BASE_MODEL = "models/tiny"
 N = 8  # samples per problem: one more correct answer is +12.5 points on that problem

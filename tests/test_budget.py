@@ -23,7 +23,7 @@ from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.profile import PhaseTime
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.run_folder import RunFolder
 
 COSTS = Costs(train=50.0, per_response=0.02, run_evaluations=3.0, base_evaluations=2)
 

@@ -14,7 +14,7 @@ from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
 from ggpo_offline.compare.figures import CHECKPOINT_FIGURES
 from ggpo_offline.compare.report import FIGURES, Counts, RunRecord, check_data_plans, write_tables
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.records import RunResult, RunSettings
+from ggpo_offline.train.run_records import RunResult, RunSettings
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.corrections import CORRECTION_PRESETS, Correction
+from ggpo_offline.train.correction_presets import CORRECTION_PRESETS, Correction
 from ggpo_offline.train.learners import CORRECTIONS, LEARNERS, learner
-from ggpo_offline.train.losses import aggregation, behavior, corrected, objectives
+from ggpo_offline.train.losses import aggregation, behavior, composed, objectives
 from ggpo_offline.train.losses.aggregation import aggregate
 from ggpo_offline.train.training_presets import resolve_config
 
@@ -35,7 +35,7 @@ def example(correction: Correction) -> tuple[float, torch.Tensor]:
     behavior_logp = MU.log()
     old_logp = behavior_logp + LAM
     logp = (old_logp + RHO).requires_grad_()
-    out = corrected.correction_loss(logp, old_logp, behavior_logp, MASK, A, REWARDS, correction)
+    out = composed.correction_loss(logp, old_logp, behavior_logp, MASK, A, REWARDS, correction)
     out.loss.backward()
     return out.loss.item(), logp.grad
 
@@ -223,7 +223,7 @@ def test_micro_batches_on_group_boundaries_give_the_whole_minibatchs_loss_and_gr
 
     def loss(rows: slice, **counts) -> tuple[float, torch.Tensor]:
         x = logp.clone().requires_grad_()
-        out = corrected.corrected_loss(x[rows], behavior_logp[rows], mask[rows], rewards[rows], group_size=m,
+        out = composed.corrected_loss(x[rows], behavior_logp[rows], mask[rows], rewards[rows], group_size=m,
                              correction=preset.correction, old_logp=old_logp[rows], **counts)  # fmt: skip
         out.loss.backward()
         return out.loss.item(), x.grad
@@ -235,7 +235,7 @@ def test_micro_batches_on_group_boundaries_give_the_whole_minibatchs_loss_and_gr
         {"mask": mask[h], "old_logp": old_logp[h], "behavior_logp": behavior_logp[h], "logp": logp[h]}
         for h in halves
     ]
-    counts = {"token_count": mask.sum(), **corrected.minibatch_counts(preset.correction, calls, lambda x: x)}
+    counts = {"token_count": mask.sum(), **composed.minibatch_counts(preset.correction, calls, lambda x: x)}
     first, first_grad = loss(slice(0, 2 * m), **counts)
     second, second_grad = loss(slice(2 * m, None), **counts)
     assert first + second == pytest.approx(whole, abs=1e-12)
@@ -247,10 +247,10 @@ def test_micro_batches_on_group_boundaries_give_the_whole_minibatchs_loss_and_gr
 # (tests/test_framework_equality.py applies them).
 MUTATIONS = {
     "the weight's ratio against π_θ, not π_old": (
-        corrected, "_behaviour",
+        composed, "_behaviour",
         lambda real: lambda c, x, weight_x, kappa, mask, A: real(c, kappa, kappa, kappa, mask, A)),
     "the objective's ratio against μ, not π_old": (
-        corrected, "_objective",
+        composed, "_objective",
         lambda real: lambda c, logp, rho, A, r, mask, mu, w: real(c, logp, logp - mu, A, r, mask, mu, w)),
     "a keep-mask inverted": (behavior, "inside", lambda real: lambda *a, **k: 1 - real(*a, **k)),
     "the geometric mean for the product": (
@@ -290,7 +290,7 @@ def test_diagnostics_csv_has_the_correction_columns_only_when_a_run_logged_them(
     from types import SimpleNamespace
 
     from ggpo_offline.compare.report import CORRECTION_DIAGNOSTICS, DIAGNOSTICS, write_diagnostics
-    from ggpo_offline.train.records import RunSettings
+    from ggpo_offline.train.run_records import RunSettings
 
     plain = SimpleNamespace(
         method="grpo", seed=1, settings=RunSettings({}), metrics=[{"update": 0, "mismatch/k3": 0.5}]

@@ -235,7 +235,7 @@ from ggpo_offline.core.model_io import tiny_model_dir
 from ggpo_offline.train.minibatch import MinibatchReader
 from ggpo_offline.train.distributed import cast_parameters
 from ggpo_offline.train.logprobs import ResponseLogprobs
-from ggpo_offline.train.plan import index_pool
+from ggpo_offline.train.pool_index import index_pool
 index = index_pool(sys.argv[1])
 batch = MinibatchReader(sys.argv[1], index, 0).read(index.mixed_group_ids[:4].tolist())
 def model():

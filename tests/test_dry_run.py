@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import write_synthetic_pool
 from test_cli import assert_one_error_line, ggpo_here
 
-from ggpo_offline.train.plan import index_pool
+from ggpo_offline.train.pool_index import index_pool
 from ggpo_offline.train.profile import PHASES
 
 # A synthetic pool's tokenizer is not the embedded model's; the real run would refuse it without this.
@@ -117,7 +117,7 @@ def test_compare_dry_run_lists_each_runs_fate_and_times_them_from_earlier_runs_o
 def test_planning_a_compare_imports_no_torch_until_the_pool_is_read():
     """A refused setting answers in a second: compare's planning modules leave torch to the functions that
     train (`compare/comparison.py`)."""
-    modules = "ggpo_offline.compare.comparison, ggpo_offline.train.preview"
+    modules = "ggpo_offline.compare.comparison, ggpo_offline.train.dry_run"
     code = f"import sys, {modules}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False"]

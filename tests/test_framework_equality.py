@@ -14,8 +14,8 @@ import torch
 from test_corrections import MUTATIONS as FAMILY_MUTATIONS
 from test_corrections import mismatches
 
-from ggpo_offline.train.corrections import CORRECTION_PRESETS, Correction
-from ggpo_offline.train.losses import behavior, corrected
+from ggpo_offline.train.correction_presets import CORRECTION_PRESETS, Correction
+from ggpo_offline.train.losses import behavior, composed
 from ggpo_offline.train.losses.aggregation import aggregate
 
 F64 = torch.float64
@@ -38,7 +38,7 @@ def _loss(correction: Correction, case: str, **counts) -> tuple[float, torch.Ten
     """(loss, ∂loss/∂log π_θ) of ``correction`` on one of the fixture's inputs, in one call."""
     x = {key: torch.tensor(value, dtype=F64) for key, value in NUMBERS["inputs"][case].items()}
     logp = x["logp"].clone().requires_grad_()
-    out = corrected.correction_loss(
+    out = composed.correction_loss(
         logp, x["old"], x["logmu"], x["mask"], x["advantages"], x["rewards"], correction, **counts
     )
     out.loss.backward()
@@ -105,7 +105,7 @@ def test_verl_keeping_no_token_gives_nan_with_a_zero_gradient_in_both_modes():
         assert math.isnan(loss) and torch.equal(grad, torch.zeros_like(grad))
     x = {key: torch.tensor(value, dtype=F64) for key, value in NUMBERS["inputs"]["small"].items()}
     inputs = (x["logp"], x["old"], x["logmu"], x["mask"], x["advantages"], x["rewards"])
-    out = corrected.correction_loss(*inputs, PRESET["verl-decoupled-k3-rs"])
+    out = composed.correction_loss(*inputs, PRESET["verl-decoupled-k3-rs"])
     assert out.stats["correction/none_kept"].value == 1.0 and out.stats["correction/masked_frac"] == 1.0
 
 
@@ -156,7 +156,7 @@ def test_areal_reads_its_behaviour_weight_in_float32():
     """The example's e^λ of response 2's last token, λ = 1.2, from float32 log-probs (AReaL upcasts to
     float32 whatever the input): it differs from the float64 weight by more than 1e-9."""
     case = {key: torch.tensor(value, dtype=F64) for key, value in NUMBERS["inputs"]["small"].items()}
-    x, weight_x = corrected._log_ratio(PRESET["areal-behave-clamp"], case["logp"], case["old"], case["logmu"])
+    x, weight_x = composed._log_ratio(PRESET["areal-behave-clamp"], case["logp"], case["old"], case["logmu"])
     assert weight_x.dtype == torch.float32 and x.dtype == F64
     assert weight_x[1, 2].item() == (case["old"][1, 2].float() - case["logmu"][1, 2].float()).item()
     assert abs(weight_x[1, 2].exp().item() - math.exp(1.2)) > 1e-9
@@ -170,14 +170,14 @@ def test_a_correction_refuses_an_unknown_sequence_mean():
 # The realistic bug of each fix beside each family's (test_corrections.py); each must break a number.
 FIX_MUTATIONS = {
     "the normaliser counts the rejected tokens (N for N_kept)": (
-        corrected, "aggregate",
+        composed, "aggregate",
         lambda real: lambda loss, mask, mode, **k: real(loss, torch.ones_like(mask), mode, **k)),
     "the k1 band's bounds in float32": (
         behavior, "math", lambda real: SimpleNamespace(log=lambda v: float(torch.log(torch.tensor(v))))),
     "AReaL's weight from a float64 log-ratio": (
-        corrected, "_log_ratio", lambda real: lambda c, *a: (real(c, *a)[0],) * 2),
+        composed, "_log_ratio", lambda real: lambda c, *a: (real(c, *a)[0],) * 2),
     "TRL's sequence mean taken as verl's": (
-        corrected, "aggregate", lambda real: lambda *a, **k: real(*a, **{**k, "sequence_mean": "verl"})),
+        composed, "aggregate", lambda real: lambda *a, **k: real(*a, **{**k, "sequence_mean": "verl"})),
     "verl's batch-normalised sequence weight over L, not L + 1e-8": (
         behavior, "weight_total",
         lambda real: lambda w, mask, level: real(w, mask, level) if level == "token" else (

@@ -16,7 +16,7 @@ from ggpo_offline.train import distributed
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import Ranks
 from ggpo_offline.train.launch import FAILURE, LOST_PEER, USER, _failure_line, _report_file
-from ggpo_offline.train.run import STATE_FILE, resume_hint
+from ggpo_offline.train.run_folder import STATE_FILE, resume_hint
 
 
 def _report(folder: Path, rank: int, kind: str, message: str) -> None:

@@ -179,7 +179,7 @@ def test_each_runs_train_command_is_accepted_when_a_shared_config_file_sets_othe
         words = shlex.split(train_command(run, config))
         assert "--config" not in words
         with (
-            mock.patch("ggpo_offline.train.preview.plan_run"),  # no pool: the settings are the point
+            mock.patch("ggpo_offline.train.dry_run.plan_run"),  # no pool: the settings are the point
             mock.patch("ggpo_offline.train.trainer.train", capture),
             mock.patch("ggpo_cli.render.print_training_result"),
         ):

@@ -11,7 +11,7 @@ from test_corrections import _group_batch
 
 from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.loss_inputs import LossInputs, MinibatchCounts
-from ggpo_offline.train.losses import corrected, grpo_loss, objectives
+from ggpo_offline.train.losses import composed, grpo_loss, objectives
 
 F64 = torch.float64
 
@@ -64,7 +64,7 @@ def _micro_losses(name: str, source: FakeMinibatch, counts: MinibatchCounts) -> 
 
 def _whole_loss(name: str, source: FakeMinibatch) -> float:
     correction = LEARNERS[name].correction_preset.correction
-    out = corrected.corrected_loss(
+    out = composed.corrected_loss(
         source.logp, source.behavior_logp, source.full_mask, source.rewards, group_size=source.m,
         correction=correction, old_logp=source.old_logp,
     )  # fmt: skip

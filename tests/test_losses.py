@@ -15,7 +15,7 @@ from ggpo_offline.train.losses import (
     GroupWeights,
     Max,
     agro_loss,
-    corrected,
+    composed,
     ggpo_bounded_push_loss,
     ggpo_loss,
     grpo_loss,
@@ -315,7 +315,7 @@ def test_micro_batches_with_global_token_count_sum_to_the_full_batch(name):
     if preset is not None:  # a framework preset's own counts, as the trainer takes them before the step
         keys = ("mask", "old_logp", "behavior_logp", "logp")
         calls = [{key: batch[key].detach() for key in keys}]
-        counts |= corrected.minibatch_counts(preset.correction, calls, lambda x: x)
+        counts |= composed.minibatch_counts(preset.correction, calls, lambda x: x)
     full = call(name, batch)
     full_grad = grad_of(full.loss, batch["logp"])
     parts = [call(name, batch, slice(a * m, b * m), **counts) for a, b in [(0, 1), (1, 3), (3, 4)]]

@@ -167,7 +167,7 @@ def test_pi0_cache_on_a_full_disk_leaves_no_partial_cache(tmp_path, monkeypatch,
     import torch
 
     from ggpo_offline.train.pi0_cache import score_pool
-    from ggpo_offline.train.plan import check_pool
+    from ggpo_offline.train.pool_index import check_pool
 
     rows = synthetic_rows(groups=3, m=4)
     for row in rows:

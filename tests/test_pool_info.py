@@ -28,8 +28,8 @@ from ggpo_offline.pool.schema import METADATA_KEY
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.inputs import plan_data, read_inputs
-from ggpo_offline.train.plan import check_pool, check_sampling, index_pool, pool_fingerprint
+from ggpo_offline.train.pool_index import check_pool, check_sampling, index_pool, pool_fingerprint
+from ggpo_offline.train.run_inputs import plan_data, read_inputs
 
 
 def test_a_generated_pools_info_holds_what_generation_was_given(hf_pool, tiny_dir):
@@ -225,9 +225,9 @@ def test_compare_plans_the_inputs_train_reads(tmp_path):
 
 
 def test_planning_a_comparison_loads_no_torch():
-    """compare imports train/inputs.py to plan its runs; torch loads only when a run is trained."""
+    """compare imports train/run_inputs.py to plan its runs; torch loads only when a run is trained."""
     code = (
-        "import sys; import ggpo_offline.compare.comparison, ggpo_offline.train.inputs; "
+        "import sys; import ggpo_offline.compare.comparison, ggpo_offline.train.run_inputs; "
         "print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

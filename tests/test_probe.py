@@ -11,7 +11,7 @@ from test_train import _config, _metrics
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.train.evaluation import eval_config
 from ggpo_offline.train.metric_names import GENERATED_METRICS, PROBE_K3, PROBE_LOG_RATIO
-from ggpo_offline.train.plan import index_pool
+from ggpo_offline.train.pool_index import index_pool
 from ggpo_offline.train.trainer import train
 
 pytestmark = pytest.mark.vllm

@@ -11,7 +11,7 @@ from ggpo_offline.train.profile import (
     phase_totals,
     seconds_since_process_start,
 )
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.run_folder import RunFolder
 
 
 def test_phases_are_appended_in_order_and_sum_by_phase(tmp_path):

@@ -15,15 +15,15 @@ from ggpo_offline.evaluate.config import TrainingEvalConfig
 from ggpo_offline.train import metric_names
 from ggpo_offline.train.checkpoint import RankState, RunState, load_state, resume_point
 from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.records import CONFIG_FILE, RESULT_FILE, RunId, RunResult, RunSettings
-from ggpo_offline.train.run import STATE_FILE, RunFolder
+from ggpo_offline.train.run_folder import STATE_FILE, RunFolder
+from ggpo_offline.train.run_records import CONFIG_FILE, RESULT_FILE, RunId, RunResult, RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
 
 JSON_READERS = {
-    "ggpo_offline/train/records.py": "config.json (RunSettings) and result.json (RunResult)",
-    "ggpo_offline/train/run.py": "metrics.jsonl and profile.jsonl: one metric record (keyed by metric_names) "
-    "or PhaseTime per line",
+    "ggpo_offline/train/run_records.py": "config.json (RunSettings) and result.json (RunResult)",
+    "ggpo_offline/train/run_folder.py": "metrics.jsonl and profile.jsonl: one metric record (keyed by"
+    " metric_names) or PhaseTime per line",
     "ggpo_offline/train/config.py": "TrainConfig.to_dict's JSON round trip (paths as strings): no file",
     "ggpo_offline/train/pi0_cache.py": "the π0 cache's key, in the cache's own Parquet footer",
     "ggpo_offline/train/launch.py": "a rank's failure report to its launcher",

@@ -74,7 +74,7 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
     from ggpo_offline.compare.comparison_readme import write_readme as write_compare_readme
     from ggpo_offline.compare.config import CompareConfig
     from ggpo_offline.compare.render import compare_scores
-    from ggpo_offline.train.inputs import Fingerprints
+    from ggpo_offline.train.run_inputs import Fingerprints
 
     pool = write_synthetic_pool(tmp_path / "p.parquet")
     config = CompareConfig(pool=pool, methods=("grpo", "ggpo"), seeds=(1,), preset="tiny", out=tmp_path / "r")

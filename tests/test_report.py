@@ -16,7 +16,7 @@ from ggpo_offline.compare.stats import holm
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.evaluate.scores import aggregate
-from ggpo_offline.train.records import RunResult, RunSettings
+from ggpo_offline.train.run_records import RunResult, RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
 CEILINGS = REPO / "ggpo_offline" / "organism" / "tiny_model" / "styles.json"
@@ -344,7 +344,7 @@ def test_runs_that_cannot_be_compared_problem_by_problem_are_refused():
 
 def test_run_folders_are_read_with_their_validation_and_test_evaluations(tmp_path):
     from ggpo_offline.compare.report import load_run
-    from ggpo_offline.train.run import RunFolder
+    from ggpo_offline.train.run_folder import RunFolder
 
     records = []
     for method, final in (("grpo", [2, 2, 1]), ("ggpo", [4, 3, 3])):

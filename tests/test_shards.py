@@ -15,7 +15,7 @@ from ggpo_offline.pool.merge import merge_pool
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.pool.validate import PoolInvalid, validate_pool
 from ggpo_offline.train.minibatch import MinibatchReader
-from ggpo_offline.train.plan import index_pool, pool_fingerprint
+from ggpo_offline.train.pool_index import index_pool, pool_fingerprint
 
 
 def shard_metadata(m: int, index: int, count: int, groups: int, **changes) -> dict:

@@ -7,7 +7,7 @@ from ggpo_offline.train.diagnostics import sequence_ess
 from ggpo_offline.train.distributed import SINGLE_PROCESS
 from ggpo_offline.train.losses import LossOutput, ggpo_loss, seq_is_loss
 from ggpo_offline.train.minibatch import Minibatch
-from ggpo_offline.train.step_metrics import EssBlock, StepDiagnostics
+from ggpo_offline.train.update_metrics import EssBlock, StepDiagnostics
 
 G, M, T = 4, 3, 5
 MICRO_BATCHES = [[2], [0, 3], [1]]  # group indices of each micro-batch, in order

@@ -167,7 +167,7 @@ def test_an_untracked_run_and_the_reachability_check_never_import_mlflow(tmp_pat
         "import sys; from ggpo_offline.core import tracking; "
         "tracking.start_tracking(experiment='off', run_name='r', enabled=False).close(); "
         f"tracking.check_tracking_reachable('sqlite:///{tmp_path}/mlruns.db'); "
-        "import ggpo_offline.train.trainer, ggpo_offline.train.run; "
+        "import ggpo_offline.train.trainer, ggpo_offline.train.run_tracking; "
         "print(sorted(name for name in sys.modules if name.split('.')[0] == 'mlflow'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

@@ -20,8 +20,8 @@ from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.logprobs import full_vocab_logprobs, length_buckets, response_logprobs
 from ggpo_offline.train.minibatch import MinibatchReader
-from ggpo_offline.train.plan import data_order_fingerprint, index_pool, plan_minibatches
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.pool_index import data_order_fingerprint, index_pool, plan_minibatches
+from ggpo_offline.train.run_folder import RunFolder
 from ggpo_offline.train.trainer import train
 from ggpo_offline.train.training_presets import resolve_config
 
@@ -424,8 +424,8 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     from ggpo_offline.evaluate.evaluator import Evaluator, evaluate
     from ggpo_offline.evaluate.report import EvalReport
     from ggpo_offline.train.evaluation import eval_config, selected_update
-    from ggpo_offline.train.records import RunResult
-    from ggpo_offline.train.run import RunFolder
+    from ggpo_offline.train.run_folder import RunFolder
+    from ggpo_offline.train.run_records import RunResult
 
     config = _config(
         vllm_pool, tmp_path, eval_every=2, eval_n=4, eval_num_problems=12, eval_ks=(1, 2, 4), lr=2e-3,
@@ -510,8 +510,8 @@ WRITTEN_RESULT = """{
 
 
 def test_result_json_reads_back_typed_writes_the_same_bytes_and_tolerates_missing_keys():
-    from ggpo_offline.train.inputs import Fingerprints
-    from ggpo_offline.train.records import RunResult
+    from ggpo_offline.train.run_inputs import Fingerprints
+    from ggpo_offline.train.run_records import RunResult
 
     result = RunResult.from_dict(json.loads(WRITTEN_RESULT))
     assert json.dumps(result.to_dict(), indent=2) + "\n" == WRITTEN_RESULT
@@ -572,7 +572,7 @@ def test_pi0_cache_serves_the_initial_models_logprobs_and_is_keyed(vllm_pool, ti
     import shutil
 
     from ggpo_offline.train.pi0_cache import Pi0Cache, cache_key, numerics, score_pool
-    from ggpo_offline.train.plan import check_pool
+    from ggpo_offline.train.pool_index import check_pool
 
     path = tmp_path / "pool.parquet"
     shutil.copy(vllm_pool, path)

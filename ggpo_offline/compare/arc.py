@@ -11,10 +11,7 @@ from ggpo_offline.compare import render, stats
 from ggpo_offline.compare.ceilings import read_ceilings
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import Counts
-from ggpo_offline.compare.manifest import MARKER, CompareManifest
-from ggpo_offline.compare.render import ReportData, Section, arc_scores, written_line
-from ggpo_offline.compare.report import Report, write_report
-from ggpo_offline.compare.runs import (
+from ggpo_offline.compare.finished_runs import (
     RunRecord,
     check_data_plans,
     load_run,
@@ -22,14 +19,17 @@ from ggpo_offline.compare.runs import (
     selected,
     validation_counts,
 )
+from ggpo_offline.compare.manifest import MARKER, CompareManifest
+from ggpo_offline.compare.render import ReportData, Section, arc_scores, written_line
+from ggpo_offline.compare.report import Report, write_report
 from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.generate.engines.base import EngineName
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train.learners import learner
-from ggpo_offline.train.records import RunId
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.run_folder import RunFolder
+from ggpo_offline.train.run_records import RunId
 
 ABLATIONS_FILE = "ablations.md"
 ABLATIONS_COUNTS = "ablations.json"

@@ -122,8 +122,8 @@ def read_evidence(report_dir: Path) -> Evidence:
 
 
 def _read_costs(report_dir: Path, counts: Counts, problems: int) -> Costs:
-    from ggpo_offline.train.records import RunId
-    from ggpo_offline.train.run import RunFolder
+    from ggpo_offline.train.run_folder import RunFolder
+    from ggpo_offline.train.run_records import RunId
 
     profiles = {
         run: RunFolder(report_dir / RUNS_FOLDER / RunId(*run).folder_name).read_profile()

@@ -29,12 +29,12 @@ from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.generate.engines import Engine
 from ggpo_offline.train.config import PER_RUN, TrainConfig
-from ggpo_offline.train.inputs import Fingerprints, RunInputs, plan_data, read_inputs, score_pi0
+from ggpo_offline.train.dry_run import Estimate, estimate, run_folders_near
 from ggpo_offline.train.learners import learner
-from ggpo_offline.train.plan import CheckedPool, check_pool
-from ggpo_offline.train.preview import Estimate, estimate, run_folders_near
-from ggpo_offline.train.records import RunId, RunResult, RunSettings
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.pool_index import CheckedPool, check_pool
+from ggpo_offline.train.run_folder import RunFolder
+from ggpo_offline.train.run_inputs import Fingerprints, RunInputs, plan_data, read_inputs, score_pi0
+from ggpo_offline.train.run_records import RunId, RunResult, RunSettings
 from ggpo_offline.train.training_presets import config_for, given_settings, refuse_unread
 
 # The train modules that load torch and transformers are imported inside the functions that train, so a

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggpo_offline.compare.runs import RunRecord
+from ggpo_offline.compare.finished_runs import RunRecord
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.metric_names import MISMATCH_DRIFT, PROBE_METRICS, UPDATE
 

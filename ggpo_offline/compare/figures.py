@@ -5,8 +5,8 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from ggpo_offline.compare.finished_runs import RunRecord
 from ggpo_offline.compare.frontier import plot_frontier
-from ggpo_offline.compare.runs import RunRecord
 from ggpo_offline.compare.scores import At, Scores
 from ggpo_offline.compare.tables import display, headline
 from ggpo_offline.train.learners import learner

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.records import RunId
+from ggpo_offline.train.run_records import RunId
 
 MARKER = "compare.json"
 """A folder holding it is a comparison report: compare writes into no other non-empty folder."""

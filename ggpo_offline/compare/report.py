@@ -9,8 +9,8 @@ from ggpo_offline.compare.ceilings import CEILINGS_FILE, ceilings_section
 from ggpo_offline.compare.claims import Claims
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.figures import FIGURES, write_figures
+from ggpo_offline.compare.finished_runs import RunRecord, check_data_plans, load_run
 from ggpo_offline.compare.frontier import frontier_section
-from ggpo_offline.compare.runs import RunRecord, check_data_plans, load_run
 from ggpo_offline.compare.scores import Scores
 from ggpo_offline.compare.tables import (
     CSV_FIELDS,
@@ -69,7 +69,7 @@ CORRECTION_DIAGNOSTICS = tuple(
 )
 """A framework preset's share of tokens and responses its correction masks or truncates, its mean weight, and
 whether its rejections kept no token of the minibatch: columns of diagnostics.csv when a run logged them
-(`ggpo_offline.train.losses.corrected`)."""
+(`ggpo_offline.train.losses.composed`)."""
 
 __all__ = [
     "DIAGNOSTICS_FILE",

@@ -8,9 +8,9 @@ import numpy as np
 from ggpo_offline.compare import render, stats
 from ggpo_offline.compare.arc import part_records
 from ggpo_offline.compare.config import TuneConfig
+from ggpo_offline.compare.finished_runs import points, selected, validation_counts
 from ggpo_offline.compare.render import ReportData, Section, tuning_scores, written_line
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
-from ggpo_offline.compare.runs import points, selected, validation_counts
 from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError

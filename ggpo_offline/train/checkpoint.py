@@ -14,7 +14,7 @@ import torch
 from ggpo_offline.core.errors import UserError, os_reason
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
-from ggpo_offline.train.run import STATE_FILE, RunFolder
+from ggpo_offline.train.run_folder import STATE_FILE, RunFolder
 
 # Below this much free space a failed save is reported as a full disk (see _removed_on_failure).
 FULL_DISK_BYTES = 1 << 20

@@ -18,7 +18,7 @@ from ggpo_offline.train.learners import (
     read_by,
     ref_refresh_help,
 )
-from ggpo_offline.train.records import RunId
+from ggpo_offline.train.run_records import RunId
 
 FORWARD_TOKENS = 4096
 """Padded (prompt + response) positions per decoder forward: rows are length-sorted and run in forwards of at

@@ -12,7 +12,7 @@ from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, doing, wait_for_main
 from ggpo_offline.train.metric_names import GENERATED_PREFIX
 from ggpo_offline.train.profile import RunProfile
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.run_folder import RunFolder
 
 
 def eval_config(config: TrainConfig, initial_model: Path, test: bool = False) -> EvalConfig:

@@ -14,7 +14,7 @@ from ggpo_offline.core.lifetime import exit_with_parent
 from ggpo_offline.train.checkpoint import resume_point
 from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
 from ggpo_offline.train.distributed import FOLDER_VARIABLE, Ranks, check_split, last_doing
-from ggpo_offline.train.run import RunFolder, resume_hint
+from ggpo_offline.train.run_folder import RunFolder, resume_hint
 from ggpo_offline.train.trainer import TrainResult
 
 # Which worker explains the job's end (see `_failure_line`).

@@ -5,7 +5,7 @@ from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import flag_name
 from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.corrections import COMMITS
+from ggpo_offline.train.correction_presets import COMMITS
 from ggpo_offline.train.learners import CORRECTIONS, PAPER_REF_REFRESH, REGISTRY, SCHEDULES, SYMBOLS, Learner
 
 README_BEGIN = "<!-- learners:begin -->"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.train.corrections import CORRECTION_PRESETS, CorrectionPreset, describe
+from ggpo_offline.train.correction_presets import CORRECTION_PRESETS, CorrectionPreset, describe
 from ggpo_offline.train.loss_inputs import LossInputs, MinibatchCounts, MinibatchSource
 
 PAPER_REF_REFRESH = 160
@@ -92,7 +92,7 @@ class Learner:
     """The learner this one is an ablation of (an experiment's arm, not a method to choose): it takes that
     learner's preset values (its tuned rate), and its row is in docs/learners.md, not the README's table."""
     correction_preset: CorrectionPreset | None = None
-    """A framework's rollout correction (`ggpo_offline.train.corrections`): its loss also takes the
+    """A framework's rollout correction (`ggpo_offline.train.correction_presets`): its loss also takes the
     minibatch's response count, for the per-sequence aggregations."""
     tuned_lr: float | None = None
     """Its learning rate chosen on validation (`TUNED_LR`); None: not tuned, the default's."""
@@ -125,7 +125,7 @@ class Learner:
         micro-batch's loss: T_tok, and a correction preset's own counts (`prepared_counts`)."""
         if self.correction_preset is None:
             return MinibatchCounts(minibatch.token_count)
-        from ggpo_offline.train.losses.corrected import prepared_counts
+        from ggpo_offline.train.losses.composed import prepared_counts
 
         counts = prepared_counts(self.correction_preset.correction, minibatch)
         return MinibatchCounts(minibatch.token_count, **counts)

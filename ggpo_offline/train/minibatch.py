@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import torch
 
 from ggpo_offline.pool.source import RowGroups, open_pool
-from ggpo_offline.train.plan import PoolIndex
+from ggpo_offline.train.pool_index import PoolIndex
 
 
 @dataclass

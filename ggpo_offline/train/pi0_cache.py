@@ -24,7 +24,7 @@ from ggpo_offline.pool.schema import PARQUET_OPTIONS, open_parquet
 from ggpo_offline.train.distributed import cast_parameters, compute_dtype, device_of
 from ggpo_offline.train.logprobs import response_logprobs
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
-from ggpo_offline.train.plan import CheckedPool, check_pool, pool_temperature
+from ggpo_offline.train.pool_index import CheckedPool, check_pool, pool_temperature
 
 CACHE_KEY = b"ggpo_offline_pi0"
 CACHE_SCHEMA = pa.schema(

@@ -9,7 +9,7 @@ from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import Ranks, all_sum, rank_groups
 from ggpo_offline.train.metric_names import PROBE_K3, PROBE_LOG_RATIO
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
-from ggpo_offline.train.plan import PoolIndex
+from ggpo_offline.train.pool_index import PoolIndex
 
 
 def drift_probe(config: TrainConfig, reader: MinibatchReader, ranks: Ranks) -> "DriftProbe | None":

@@ -31,7 +31,6 @@ from ggpo_offline.train.distributed import (
     wrap,
 )
 from ggpo_offline.train.evaluation import CheckpointEvaluations
-from ggpo_offline.train.inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.loss_inputs import LossInputs, MinibatchCounts
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
@@ -39,8 +38,9 @@ from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.pi0_cache import Pi0Cache
 from ggpo_offline.train.probe import DriftProbe, drift_probe
 from ggpo_offline.train.profile import RunProfile
-from ggpo_offline.train.run import FLUSH_EVERY, Run, failures_explained
-from ggpo_offline.train.step_metrics import EssBlock, StepDiagnostics
+from ggpo_offline.train.run_inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
+from ggpo_offline.train.run_tracking import FLUSH_EVERY, Run, failures_explained
+from ggpo_offline.train.update_metrics import EssBlock, StepDiagnostics
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from ggpo_offline.train.losses.common import (
     Max,
     Stat,
 )
-from ggpo_offline.train.losses.corrected import corrected_loss
+from ggpo_offline.train.losses.composed import corrected_loss
 from ggpo_offline.train.losses.ggpo import (
     agro_loss,
     ggpo_bounded_push_loss,

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.inputs import RunInputs, read_inputs
-from ggpo_offline.train.plan import CheckedPool
-from ggpo_offline.train.records import RunSettings
-from ggpo_offline.train.run import RunFolder, folder_action
+from ggpo_offline.train.pool_index import CheckedPool
+from ggpo_offline.train.run_folder import RunFolder, folder_action
+from ggpo_offline.train.run_inputs import RunInputs, read_inputs
+from ggpo_offline.train.run_records import RunSettings
 
 SHAPE = (
     "model", "updates", "groups_per_batch", "micro_batch_size", "forward_tokens", "threads", "fsdp",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ggpo_offline.train.corrections import OBJECTIVES, Correction
+from ggpo_offline.train.correction_presets import OBJECTIVES, Correction
 from ggpo_offline.train.losses import behavior, objectives
 from ggpo_offline.train.losses.aggregation import aggregate
 from ggpo_offline.train.losses.common import (

@@ -7,8 +7,8 @@ import numpy as np
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.report import EvalReport
-from ggpo_offline.train.records import RunResult, RunSettings
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.run_folder import RunFolder
+from ggpo_offline.train.run_records import RunResult, RunSettings
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import initial_model_dir, load_tokenizer, tokenizer_sha256
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.plan import (
+from ggpo_offline.train.pool_index import (
     CheckedPool,
     PoolIndex,
     check_pool,

@@ -1,0 +1,151 @@
+"""A run folder: where each file sits and how a finished run is read back (report, compare, CLI), without
+torch; what a run does with an existing folder (train, resume or replace)."""
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.train.metric_names import UPDATE
+from ggpo_offline.train.profile import PhaseTime
+from ggpo_offline.train.run_records import CONFIG_FILE, RESULT_FILE, RunResult, RunSettings
+
+# The names of a run folder's files and of a checkpoint's resume state (also read by `checkpoint`).
+METRICS_FILE = "metrics.jsonl"
+PROFILE_FILE = "profile.jsonl"
+"""Wall seconds of each phase of the run (`train.profile`); never compared between runs."""
+EVAL_FOLDER = "eval"
+TEST_FOLDER = "test"
+"""Inside EVAL_FOLDER: the held-out test evaluations, kept apart from the validation ones training reads."""
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_PREFIX = "update-"
+STATE_FILE = "trainer_state.pt"
+"""Written last into a checkpoint: a checkpoint folder holding it is complete and resumable."""
+FINAL = "final"
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _append_jsonl(path: Path, records: list[dict]) -> None:
+    with path.open("a") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
+
+
+def _reports_by_update(folder: Path) -> dict[int, EvalReport]:
+    paths = sorted(folder.glob("update-*.json"))
+    return {int(p.stem.removeprefix("update-")): EvalReport.read(p) for p in paths}
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Where each file of a run lives, and how a finished run is read back."""
+
+    path: Path
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / METRICS_FILE
+
+    @property
+    def profile_file(self) -> Path:
+        return self.path / PROFILE_FILE
+
+    @property
+    def result_file(self) -> Path:
+        return self.path / RESULT_FILE
+
+    @property
+    def final(self) -> Path:
+        return self.path / FINAL
+
+    def checkpoint(self, update: int) -> Path:
+        return self.path / CHECKPOINTS / f"{CHECKPOINT_PREFIX}{update:06d}"
+
+    def eval_report(self, update: int) -> Path:
+        """The in-training (validation) evaluation of ``update``."""
+        return self.path / EVAL_FOLDER / f"update-{update:06d}.json"
+
+    def test_report(self, update: int) -> Path:
+        """The held-out test evaluation of ``update`` (the selected and the final checkpoint only)."""
+        return self.path / EVAL_FOLDER / TEST_FOLDER / f"update-{update:06d}.json"
+
+    def is_empty(self) -> bool:
+        return not self.path.exists() or not any(self.path.iterdir())
+
+    def is_finished(self) -> bool:
+        return self.result_file.is_file()
+
+    def latest_checkpoint(self) -> Path | None:
+        """The resumable checkpoint with the highest update number, if any."""
+        folder = self.path / CHECKPOINTS
+        if not folder.is_dir():
+            return None
+        found = sorted(p for p in folder.glob(f"{CHECKPOINT_PREFIX}*") if (p / STATE_FILE).is_file())
+        return found[-1] if found else None
+
+    def read_settings(self) -> RunSettings:
+        """The settings and fingerprints the run was started with (none when it never got that far)."""
+        return RunSettings.read(self.path)
+
+    def read_result(self) -> RunResult:
+        return RunResult.read(self.path)
+
+    def read_metrics(self) -> list[dict]:
+        return _read_jsonl(self.metrics_file)
+
+    def read_profile(self) -> list[PhaseTime]:
+        """The phase times the run has recorded ([] for a run that recorded none)."""
+        return [PhaseTime(**record) for record in _read_jsonl(self.profile_file)]
+
+    def read_evals(self) -> dict[int, EvalReport]:
+        """In-training (validation) evaluation reports by update."""
+        return _reports_by_update(self.path / EVAL_FOLDER)
+
+    def read_tests(self) -> dict[int, EvalReport]:
+        """Test evaluation reports by update ({} for a run that evaluated no test split)."""
+        return _reports_by_update(self.path / EVAL_FOLDER / TEST_FOLDER)
+
+    def append_metrics(self, records: list[dict]) -> None:
+        _append_jsonl(self.metrics_file, records)
+
+    def append_profile(self, times: list[PhaseTime]) -> None:
+        _append_jsonl(self.profile_file, [asdict(phase_time) for phase_time in times])
+
+    def keep_metrics_before(self, update: int) -> list[dict]:
+        """Drop the records of ``update`` and later (a resumed run computes them again); the rest."""
+        kept = [r for r in self.read_metrics() if r[UPDATE] < update]
+        if self.metrics_file.is_file():
+            self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        return kept
+
+
+def resume_hint(run_dir: Path) -> str:
+    """What the user can do after the job stopped part-way: where ``--resume`` would continue from."""
+    checkpoint = RunFolder(run_dir).latest_checkpoint()
+    if checkpoint is None:
+        return f"no checkpoint was saved yet: start it again with --overwrite (the run folder {run_dir})"
+    update = int(checkpoint.name.removeprefix(CHECKPOINT_PREFIX))
+    return f"the same command with --resume continues from update {update} ({checkpoint})"
+
+
+def folder_action(run_dir: Path, *, resume: bool, overwrite: bool) -> str:
+    """What a run does with its folder: train (empty or absent), resume or replace; refused when a run is
+    there and neither ``resume`` nor ``overwrite`` says what to do with it, or ``resume`` finds none."""
+    exists = not RunFolder(run_dir).is_empty()
+    if exists and not resume and not overwrite:
+        raise UserError(
+            f"{run_dir} already exists; pass --resume to continue it or --overwrite to replace it"
+        )
+    if resume and not exists:
+        raise UserError(f"--resume: {run_dir} holds no run to resume")
+    return "resume" if resume else "replace" if exists else "train"
