@@ -114,7 +114,7 @@ def run_cli(monkeypatch, capsys, module, function: str, argv: list[str]) -> list
 
 
 def test_every_train_field_is_a_flag_and_a_config_file_key(tmp_path, monkeypatch, capsys):
-    from ggpo_offline.train import preview, trainer
+    from ggpo_offline.train import dry_run, trainer
 
     values = changed_values(TrainConfig, NOT_READ_BY_GRPO_TIS)
     assert all(values[name] != leaf_values(TrainConfig())[name] for name in values)
@@ -122,7 +122,7 @@ def test_every_train_field_is_a_flag_and_a_config_file_key(tmp_path, monkeypatch
     flags = to_flags(expected, TrainConfig)
     assert len([word for word in flags if word.startswith("--")]) == len(values) + 2  # 2 eval, 2 test sets
     no_pool = SimpleNamespace(inputs=SimpleNamespace(pool=None))  # the plan's checks need no pool here
-    monkeypatch.setattr(preview, "plan_run", lambda config, **how: no_pool)
+    monkeypatch.setattr(dry_run, "plan_run", lambda config, **how: no_pool)
     assert run_cli(monkeypatch, capsys, trainer, "train", ["train", *flags]) == [expected]
 
     (tmp_path / "all.toml").write_text("".join(f"{name} = {toml(value)}\n" for name, value in values.items()))

@@ -195,7 +195,7 @@ class ComparePlan:
     """What every run reads: the initial model's folder and tokenizer, checked against the pool."""
 
     def estimate(self) -> Estimate:
-        """The runs to train (not reused), timed from earlier runs of their shape (`preview.estimate`)."""
+        """The runs to train (not reused), timed from earlier runs of their shape (`dry_run.estimate`)."""
         first = self.runs[0].config
         to_train = sum(run.action != "reuse" for run in self.runs)
         return estimate(first, to_train, run_folders_near(first.run_dir))

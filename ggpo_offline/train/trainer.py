@@ -34,6 +34,7 @@ from ggpo_offline.train.evaluation import CheckpointEvaluations
 from ggpo_offline.train.logprobs import ResponseLogprobs
 from ggpo_offline.train.loss_inputs import LossInputs, MinibatchCounts
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
+from ggpo_offline.train.metric_names import FILTERED_FRAC
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.pi0_cache import Pi0Cache
 from ggpo_offline.train.probe import DriftProbe, drift_probe
@@ -413,7 +414,7 @@ def _updates(
         doing(f"training update {update}")
         trainer.refresh_anchors(minibatches)  # π_ref / π_old, when one is due now
         metrics = trainer.step(minibatches[update])  # log-probs → loss → backward → step
-        metrics["train/filtered_frac"] = filtered_frac
+        metrics[FILTERED_FRAC] = filtered_frac
         done = update + 1
         run.record(update, evaluation, metrics, last=done == config.updates)
         if on_update is not None:
