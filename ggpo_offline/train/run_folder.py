@@ -1,7 +1,13 @@
 """A run folder: where each file sits and how a finished run is read back (report, compare, CLI), without
-torch; what a run does with an existing folder (train, resume or replace)."""
+torch; what a run does with an existing folder (train, resume or replace), and its one writer."""
 
+import fcntl
 import json
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +29,8 @@ CHECKPOINT_PREFIX = "update-"
 STATE_FILE = "trainer_state.pt"
 """Written last into a checkpoint: a checkpoint folder holding it is complete and resumable."""
 FINAL = "final"
+WRITER_LOCK = ".writer"
+"""Locked by the one process that writes the run folder, and naming it (host, pid); not part of the run."""
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -80,7 +88,17 @@ class RunFolder:
         return self.path / EVAL_FOLDER / TEST_FOLDER / f"update-{update:06d}.json"
 
     def is_empty(self) -> bool:
-        return not self.path.exists() or not any(self.path.iterdir())
+        return not self.path.exists() or not any(p.name != WRITER_LOCK for p in self.path.iterdir())
+
+    def clear(self) -> None:
+        """Remove every file of the run (`--overwrite`), keeping the writer's lock held."""
+        for entry in self.path.iterdir():
+            if entry.name == WRITER_LOCK:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
 
     def is_finished(self) -> bool:
         return self.result_file.is_file()
@@ -149,3 +167,37 @@ def folder_action(run_dir: Path, *, resume: bool, overwrite: bool) -> str:
     if resume and not exists:
         raise UserError(f"--resume: {run_dir} holds no run to resume")
     return "resume" if resume else "replace" if exists else "train"
+
+
+@contextmanager
+def one_writer(run_dir: Path, main: bool = True) -> Iterator[None]:
+    """Hold ``run_dir`` for this process alone while the block writes it: an exclusive `flock` on its
+    WRITER_LOCK file, which the kernel lets go when the block ends or the process dies however it dies. A
+    second writer — the same --resume typed in another terminal, or a Slurm task requeued while its
+    predecessor is still being killed — is refused with one line naming the holder, and the folder is left as
+    it was. Only the main rank of a job (``main``) takes it: the job is the one writer."""
+    if not main:
+        yield
+        return
+    path = Path(run_dir)
+    created = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(path / WRITER_LOCK, "a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read().strip() or "another process"
+                raise UserError(
+                    f"{path} is being written by {holder}; a run folder has one writer: let it finish (or "
+                    "stop it), then --resume"
+                ) from None
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            lock.flush()
+            yield
+    finally:
+        if created and RunFolder(path).is_empty():
+            shutil.rmtree(path, ignore_errors=True)  # refused before writing anything: leave no folder behind

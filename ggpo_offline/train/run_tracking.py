@@ -1,7 +1,6 @@
 """A run's life: its folder prepared or resumed, its MLflow run, its metrics flushed to the tracker and to
 metrics.jsonl together, its result written last, and a failure turned into the line saying how to resume."""
 
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,9 +53,9 @@ class Run:
         folder_action(path, resume=resume, overwrite=overwrite)
         barrier(self.ranks)  # every rank has checked the folder before rank 0 changes it
         if self.ranks.main:
-            if exists and not resume:
-                shutil.rmtree(path)
             path.mkdir(parents=True, exist_ok=True)
+            if exists and not resume:
+                self.folder.clear()
         barrier(self.ranks)
 
     # -- tracking --------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.pi0_cache import Pi0Cache
 from ggpo_offline.train.probe import DriftProbe, drift_probe
 from ggpo_offline.train.profile import RunProfile
+from ggpo_offline.train.run_folder import one_writer
 from ggpo_offline.train.run_inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.run_tracking import FLUSH_EVERY, Run, failures_explained
 from ggpo_offline.train.update_metrics import EssBlock, StepDiagnostics
@@ -362,15 +363,16 @@ def train(
         evaluations = CheckpointEvaluations(
             config, inputs.model_dir, ranks, evaluator, on_eval, timeouts, profile
         )
-        with evaluations:
-            if not config.no_tracking and ranks.main:
-                tracking.check_tracking_reachable(config.tracking_uri or tracking.default_tracking_uri())
-            run = Run(config, ranks, resume=resume, overwrite=overwrite, profile=profile)
-            trainer, minibatches = _started(config, run, inputs, ranks, resume, parent_run_id, profile)
-            with tracking.ending(run.tracker):
-                final = _updates(trainer, minibatches, evaluations, run, inputs.filtered_frac, on_update)
-            selected = evaluations.test(run.folder)
-        run.finish(final, inputs.fingerprints, selected)
+        with one_writer(config.run_dir, ranks.main):
+            with evaluations:
+                if not config.no_tracking and ranks.main:
+                    tracking.check_tracking_reachable(config.tracking_uri or tracking.default_tracking_uri())
+                run = Run(config, ranks, resume=resume, overwrite=overwrite, profile=profile)
+                trainer, minibatches = _started(config, run, inputs, ranks, resume, parent_run_id, profile)
+                with tracking.ending(run.tracker):
+                    final = _updates(trainer, minibatches, evaluations, run, inputs.filtered_frac, on_update)
+                selected = evaluations.test(run.folder)
+            run.finish(final, inputs.fingerprints, selected)
     return TrainResult(run.folder.path, final, run.run_id, inputs.fingerprints, run.history)
 
 
