@@ -48,7 +48,7 @@ def arc_report(config: ArcConfig) -> Path:
     report = write_report(records, list(config.methods), list(config.seeds), out, ceilings)
     if config.ablations is not None:
         runs = ablation_runs(_ablation_parts(config.ablations))
-        (out / ABLATIONS_COUNTS).write_text(json.dumps(runs, indent=1) + "\n")
+        write_ablation_runs(out, runs)
         ablations = ablation_table(report.counts, runs)
         (out / ABLATIONS_FILE).write_text(ablations)
     else:  # the folder keeps an earlier arc-report's ablations, and its README shows them
@@ -119,6 +119,17 @@ def _records(parts: tuple[str, ...], methods: tuple[str, ...], seeds: tuple[int,
 def _ablation_parts(folder: Path) -> dict[str, list[RunRecord]]:
     """Each ablation's runs by its folder name (e.g. beta-0.003)."""
     return {p.name: part_records(p) for p in sorted(folder.iterdir()) if (p / MARKER).is_file()}
+
+
+def write_ablation_runs(folder: Path, runs: dict) -> None:
+    """ablations.json: the ablation runs' validation counts (`ablation_runs`)."""
+    (folder / ABLATIONS_COUNTS).write_text(json.dumps(runs, indent=1) + "\n")
+
+
+def read_ablation_runs(folder: Path) -> dict | None:
+    """The ablation runs `write_ablation_runs` wrote into ``folder``; None where it holds none."""
+    path = folder / ABLATIONS_COUNTS
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def evaluation_counts(counts: Counts, method: str, seed: int) -> dict[str, dict[str, int]]:

@@ -1,17 +1,16 @@
 """`ggpo report`: a report folder's README rendered again, whole, from its report.json and its counts, the
 scores recomputed with today's statistics."""
 
-import json
 from pathlib import Path
 
 from ggpo_offline.compare import render
-from ggpo_offline.compare.arc import ABLATIONS_COUNTS, ABLATIONS_FILE, ablation_table
+from ggpo_offline.compare.arc import ABLATIONS_FILE, ablation_table, read_ablation_runs
 from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings
 from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.render import ReportData, arc_scores, compare_scores, tuning_scores
 from ggpo_offline.compare.report import compute_report
-from ggpo_offline.compare.tuning import TUNING_FILE, tuning_tables
+from ggpo_offline.compare.tuning import read_sweep, tuning_tables
 from ggpo_offline.core.errors import UserError
 
 
@@ -23,8 +22,7 @@ def rerender_report(config: RefreshConfig) -> list[Path]:
     folder = Path(config.folder)
     data = ReportData.read(folder)
     if data.kind == "tuning":
-        sweep = json.loads(_raw(folder, TUNING_FILE).read_text())
-        return [render.write_readme(folder, data, tuning_scores(tuning_tables(sweep)))]
+        return [render.write_readme(folder, data, tuning_scores(tuning_tables(read_sweep(folder))))]
     counts = _raw(folder, COUNTS_FILE)
     if (folder / CEILINGS_FILE).is_file() and config.ceilings is None:
         raise UserError(f"{folder} has {CEILINGS_FILE}: give --ceilings FILE to recompute it")
@@ -34,8 +32,9 @@ def rerender_report(config: RefreshConfig) -> list[Path]:
     if data.kind == "compare":
         return [render.write_readme(folder, data, compare_scores(report)), *(folder / n for n in written)]
     ablations = None
-    if (folder / ABLATIONS_COUNTS).is_file():
-        ablations = ablation_table(report.counts, json.loads((folder / ABLATIONS_COUNTS).read_text()))
+    runs = read_ablation_runs(folder)
+    if runs is not None:
+        ablations = ablation_table(report.counts, runs)
         (folder / ABLATIONS_FILE).write_text(ablations)
         written.append(ABLATIONS_FILE)
     elif (folder / ABLATIONS_FILE).is_file():  # an arc-report given no ablations keeps the earlier ones

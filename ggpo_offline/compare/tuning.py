@@ -30,7 +30,7 @@ def tune_report(config: TuneConfig) -> Path:
     sweep = sweep_counts(records, config.parts)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
-    (out / TUNING_FILE).write_text(json.dumps(sweep, indent=1) + "\n")
+    write_sweep(out, sweep)
     write_diagnostics(records, out / DIAGNOSTICS_FILE, settings=("lr",))
     heading = (
         written_line(f" by `ggpo tune-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}"),
@@ -40,6 +40,19 @@ def tune_report(config: TuneConfig) -> Path:
     data = ReportData("tuning", (Section("heading", title, heading),))
     render.write_readme(out, data, tuning_scores(tuning_tables(sweep)))
     return out
+
+
+def write_sweep(folder: Path, sweep: dict) -> None:
+    """tuning.json: the sweep's per-problem validation counts and settings (`sweep_counts`)."""
+    (folder / TUNING_FILE).write_text(json.dumps(sweep, indent=1) + "\n")
+
+
+def read_sweep(folder: Path) -> dict:
+    """The sweep `write_sweep` wrote into ``folder``; UserError in one line where there is none."""
+    path = folder / TUNING_FILE
+    if not path.is_file():
+        raise UserError(f"{folder}: no {TUNING_FILE}, the raw counts its report.json's scores come from")
+    return json.loads(path.read_text())
 
 
 def _settings_line(settings: dict, seeds: list[int]) -> str:
