@@ -128,22 +128,32 @@ def train(options: dict, settings: dict) -> None:
         run(resolved, resume=how.resume, overwrite=how.overwrite, timeouts=how.timeouts)
         return
     # Bad input is refused before the table, by the checks the dry run shows; the pool is read once.
-    plan = plan_run(resolved, resume=how.resume, overwrite=how.overwrite, processes=how.nproc or 1)
+    plan = plan_run(
+        resolved,
+        resume=how.resume,
+        overwrite=how.overwrite,
+        processes=how.nproc or 1,
+        resume_if_any=how.resume_if_any,
+    )
+    resume, overwrite = plan.action == "resume", plan.action == "replace"
     pool = plan.inputs.pool
     render.print_config(resolved)
     if how.dry_run:
         render.print_run_plan(plan)
         return
+    if plan.action == "reuse":
+        print(f"{resolved.run_dir} holds this run, finished: nothing to train")
+        return
     if how.nproc is not None and how.nproc > 1:
         from ggpo_offline.train.launch import launch
 
-        result = launch(resolved, how.nproc, how.resume, how.overwrite, render.TrainingProgress, how.timeouts)
+        result = launch(resolved, how.nproc, resume, overwrite, render.TrainingProgress, how.timeouts)
     else:
         with render.TrainingProgress(resolved.updates) as progress:
             result = run(
                 resolved,
-                resume=how.resume,
-                overwrite=how.overwrite,
+                resume=resume,
+                overwrite=overwrite,
                 on_update=progress.update,
                 on_eval=progress.evaluated,
                 timeouts=how.timeouts,

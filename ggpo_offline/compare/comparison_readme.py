@@ -10,18 +10,27 @@ from ggpo_offline.compare.config import CompareConfig
 from ggpo_offline.compare.render import ReportData, Section, compare_scores, written_line
 from ggpo_offline.compare.report import Report, RunRecord
 from ggpo_offline.core import markdown
-from ggpo_offline.core.settings import to_flags
+from ggpo_offline.core.settings import leaf_values, leaves, to_flags
+from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.train.config import PER_RUN, TrainConfig
 from ggpo_offline.train.training_presets import given_settings
 
+LAUNCH_SETTINGS = ("jobs", "nproc", *(name for name in leaves(LaunchConfig)))
+"""Where and how the runs ran: not part of what they compute, part of the command that continues a compare."""
 
-def reproduce_command(config: CompareConfig) -> str:
-    """The ``ggpo compare`` command of this comparison: its lists, then the training settings as given."""
+
+def reproduce_command(config: CompareConfig, launch: bool = False) -> str:
+    """The ``ggpo compare`` command of this comparison: its lists, then the training settings as given;
+    with ``launch``, where its runs run too (the command that continues this very compare)."""
     words = ["ggpo", "compare", *to_flags(config, CompareConfig, only=("pool", "methods", "seeds"))]
     words += to_flags(config, CompareConfig, only=("preset", "config_file", "ceilings"))
     words += to_flags(config.settings, TrainConfig)
     words += to_flags(config, CompareConfig, only=("out",))
+    if launch:
+        given = {name: value for name, value in leaf_values(config).items() if name in LAUNCH_SETTINGS}
+        defaults = leaf_values(CompareConfig())
+        words += to_flags({k: v for k, v in given.items() if v != defaults[k]}, CompareConfig)
     return shlex.join(words)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import setting
 from ggpo_offline.generate.engines.base import EngineName
+from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.train.config import PER_RUN
 from ggpo_offline.train.learners import learner
 
@@ -14,6 +15,10 @@ DEFAULT_METHODS = ("grpo", "grpo-tis", "agro", "ggpo")
 DEFAULT_SEEDS = (42, 1234, 2027)
 RUNS_FOLDER = "runs"
 """Where a compare keeps its runs, inside the report folder: runs/<method>-s<seed>/."""
+LOGS_FOLDER = "logs"
+"""Inside the report folder: each run's output when a worker process trains it (logs/<run>.log)."""
+SLURM_FOLDER = "slurm"
+"""Inside the report folder: the Slurm jobs submitted (their ids) and their logs."""
 
 
 CEILINGS_HELP = (
@@ -49,12 +54,25 @@ class CompareConfig:
     )
     dry_run: bool = setting(
         False,
-        "Print the plan (runs to train or reuse, data per seed, evaluations, a time estimate) after every "
-        "check the real run makes, and exit; writes nothing.",
+        "Print the plan (runs to train or reuse, data per seed, evaluations, the jobs and their commands, a "
+        "time estimate) after every check the real run makes, and exit; writes nothing.",
     )
+    jobs: int = setting(
+        1,
+        "local: runs trained at once, each by a worker pinned to its share of the cores (and of the GPUs: "
+        "--nproc each) that keeps its engine from one run to the next.",
+    )
+    nproc: int = setting(1, "Processes per run (torchrun: DDP, or FSDP2 with --fsdp), on one node.")
+    launch: LaunchConfig = setting(default_factory=LaunchConfig)
+    """Where the runs run (its fields are this config's settings: ``launcher``, ``partition``, ...)."""
 
     def __post_init__(self) -> None:
         self._check_budget()
+        for name in ("jobs", "nproc"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.jobs > 1 and self.launch.launcher == "slurm":
+            raise UserError("--jobs is for --launcher local: on Slurm every run is a task of its own")
         for method in self.methods:
             learner(method)  # UnknownMethod names the choices
         if not self.methods or not self.seeds:

@@ -3,6 +3,7 @@ refusing a bad value where it is built. Training presets and config files resolv
 `training_presets`."""
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -185,6 +186,12 @@ class TrainOptions:
     )
     resume: bool = setting(False, "Continue the run in --out from its last checkpoint.")
     overwrite: bool = setting(False, "Replace an existing run folder.")
+    resume_if_any: bool = setting(
+        False,
+        "Carry the run in --out on from whatever state it is in: resume from its last checkpoint, start it "
+        "(again) when it has none, leave it as it is when finished. What a launcher's job runs, so that a "
+        "requeued job resumes.",
+    )
     dry_run: bool = setting(
         False,
         "Print the plan (settings, data, evaluations, a time estimate) after every check the real run makes, "
@@ -202,6 +209,10 @@ class TrainOptions:
     )
 
     def __post_init__(self) -> None:
+        if self.resume_if_any and (self.resume or self.overwrite):
+            raise UserError("--resume-if-any decides between --resume and --overwrite itself: give it alone")
+        if self.resume_if_any and os.environ.get("WORLD_SIZE", "1") != "1":
+            raise UserError("--resume-if-any starts its own processes: give --nproc instead of torchrun")
         if self.nproc is not None and self.nproc < 1:
             raise UserError(f"--nproc must be >= 1, got {self.nproc}")
         for name in ("collective_timeout", "wait_timeout"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.pool_index import CheckedPool
-from ggpo_offline.train.run_folder import RunFolder, folder_action
+from ggpo_offline.train.run_folder import RunFolder, continuing_action, folder_action
 from ggpo_offline.train.run_inputs import RunInputs, read_inputs
 from ggpo_offline.train.run_records import RunSettings
 
@@ -53,17 +53,29 @@ class RunPlan:
 
 
 def plan_run(
-    config: TrainConfig, pool: CheckedPool | None = None, *, resume: bool, overwrite: bool, processes: int = 1
+    config: TrainConfig,
+    pool: CheckedPool | None = None,
+    *,
+    resume: bool,
+    overwrite: bool,
+    processes: int = 1,
+    resume_if_any: bool = False,
 ) -> RunPlan:
     """Every check `ggpo train` makes before it writes: the pool, tokenizer, sampling and data plan
     (`read_inputs`: too few mixed groups is refused here), the split over ``processes`` and the run folder
-    (`folder_action`, and a ``--resume`` that does not match the run). Loads no model."""
+    (`folder_action`, or `continuing_action` with ``resume_if_any``, and a resume that does not match the
+    run). Loads no model."""
     from ggpo_offline.train.checkpoint import resume_point
     from ggpo_offline.train.distributed import Ranks
 
     ranks = Ranks(world=processes)
     inputs = read_inputs(config, ranks, pool)
-    action = folder_action(config.run_dir, resume=resume, overwrite=overwrite)
+    if resume_if_any:
+        expected = RunSettings.of(config, inputs.fingerprints.to_dict())
+        action = continuing_action(config.run_dir, expected, TrainConfig().to_dict())
+        resume = action == "resume"
+    else:
+        action = folder_action(config.run_dir, resume=resume, overwrite=overwrite)
     if resume:
         resume_point(RunFolder(config.run_dir), config, ranks)
     return RunPlan(config, action, inputs)

@@ -169,13 +169,62 @@ def folder_action(run_dir: Path, *, resume: bool, overwrite: bool) -> str:
     return "resume" if resume else "replace" if exists else "train"
 
 
+TRACKING_SETTINGS = ("tracking_uri", "experiment", "no_tracking")
+"""Where a run was logged: never a reason to refuse reusing or resuming it."""
+
+
+def settings_differences(saved_run: RunSettings, expected_run: RunSettings, defaults: dict) -> str:
+    """The settings in which a saved run differs from the one wanted, as ``name: saved -> wanted``.
+
+    Where a run was logged does not change its results, and a setting the run predates counts as
+    matching when the wanted value is that setting's default (in ``defaults``: the run behaved as it does).
+    """
+    saved, expected = saved_run.values, expected_run.values
+    missing = object()
+    differing = []
+    for key in sorted(set(saved) | set(expected)):
+        old, new = saved.get(key, missing), expected.get(key, missing)
+        if key in TRACKING_SETTINGS or old == new:
+            continue
+        if old is missing and key in defaults and new == defaults[key]:
+            continue
+        differing.append(
+            f"{key}: {'unset' if old is missing else old} -> {'unset' if new is missing else new}"
+        )
+    return ", ".join(differing)
+
+
+def continuing_action(run_dir: Path, expected: RunSettings, defaults: dict, *, rerun: bool = False) -> str:
+    """What carries a run on from whatever state its folder is in — what a job that may be requeued does
+    (``--resume-if-any``) and what compare plans: train an empty folder, reuse a finished run, resume from
+    the last checkpoint, replace a run stopped before its first one (or every run, with ``rerun``). A folder
+    holding a run of other settings (``expected``: RunSettings.of the run wanted) is refused."""
+    folder = RunFolder(run_dir)
+    if folder.is_empty():
+        return "train"
+    if rerun:
+        return "replace"
+    differing = settings_differences(folder.read_settings(), expected, defaults)
+    if differing:
+        raise UserError(
+            f"{folder.path} holds a run with other settings or another pool ({differing}); pass --rerun to "
+            "replace it or --out to report elsewhere"
+        )
+    if folder.is_finished():
+        return "reuse"
+    return "resume" if folder.latest_checkpoint() is not None else "replace"
+
+
 @contextmanager
-def one_writer(run_dir: Path, main: bool = True) -> Iterator[None]:
+def one_writer(
+    run_dir: Path, main: bool = True, rule: str = "a run folder has one writer", then: str = "--resume"
+) -> Iterator[None]:
     """Hold ``run_dir`` for this process alone while the block writes it: an exclusive `flock` on its
     WRITER_LOCK file, which the kernel lets go when the block ends or the process dies however it dies. A
     second writer — the same --resume typed in another terminal, or a Slurm task requeued while its
     predecessor is still being killed — is refused with one line naming the holder, and the folder is left as
-    it was. Only the main rank of a job (``main``) takes it: the job is the one writer."""
+    it was. Only the main rank of a job (``main``) takes it: the job is the one writer. A compare holds its
+    report folder the same way (``rule``, ``then``: the refusal's words)."""
     if not main:
         yield
         return
@@ -190,8 +239,7 @@ def one_writer(run_dir: Path, main: bool = True) -> Iterator[None]:
                 lock.seek(0)
                 holder = lock.read().strip() or "another process"
                 raise UserError(
-                    f"{path} is being written by {holder}; a run folder has one writer: let it finish (or "
-                    "stop it), then --resume"
+                    f"{path} is being written by {holder}; {rule}: let it finish (or stop it), then {then}"
                 ) from None
             lock.seek(0)
             lock.truncate()
