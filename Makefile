@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 ENGINE_STAMP := $(VENV)/.engine-$(if $(GPU),gpu,cpu)
 PROJECT_STAMP := $(VENV)/.project
 POOL ?= pools/base.parquet
-# The two cores that `make demo`, `make tune-lr` and `make arc` pin their side-by-side compares to.
+# The two cores that `make tune-lr` and `make arc` pin their two compares to (one a core).
 CORES ?= 0 1
 # The embedded model's forced accuracies per prompt class (its model card's measure): the demo's report sets
 # every method against the two ceilings of selection they give.
@@ -35,15 +35,9 @@ $(PROJECT_STAMP): $(ENGINE_STAMP) pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
 
-# One compare run twice side by side, one a core (one torch thread, vLLM pinned: vLLM's CPU engine binds the
-# threads of the process it runs in): the two share its runs (each trains the next run the other has not
-# claimed, then waits for the other's last one) and each writes the whole report, one after the other.
-# $(call side_by_side,COMMAND)
-define side_by_side
-( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); $(1) ) & first=$$!; \
-( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); $(1) ); \
-second=$$?; wait $$first && [ $$second -eq 0 ]
-endef
+# The compares of `make demo`, `make beyond` and `make corrections` train two runs at a time, one a core
+# (`--jobs 2`: a worker per core keeps its engine from run to run; vLLM's CPU threads pinned to its core).
+JOBS ?= 2
 
 # The main job on the embedded default: its pool (if absent), then four methods x five seeds on it, evaluated
 # on 64 problems x 2 samples (validation and test): what `ggpo compare --budget`'s model buys with the demo's
@@ -56,25 +50,25 @@ DEMO_POOL ?= pools/demo.parquet
 DEMO_PROMPTS ?= 256
 DEMO_SEEDS ?= 42,1234,2027,1,2
 DEMO := $(BIN)/ggpo compare --pool $(DEMO_POOL) --preset tiny --seeds $(DEMO_SEEDS) --eval-n 2 \
-	--eval-num-problems 64 --test-num-problems 64 --threads 1 --ceilings $(CEILINGS)
+	--eval-num-problems 64 --test-num-problems 64 --threads 1 --ceilings $(CEILINGS) --jobs $(JOBS)
 demo: setup
 	@if [ -f $(DEMO_POOL) ]; then echo "$(DEMO_POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --num-prompts $(DEMO_PROMPTS) --out $(DEMO_POOL); fi
 	$(BIN)/ggpo pool validate $(DEMO_POOL)
 	$(BIN)/ggpo pool score $(DEMO_POOL)
-	$(call side_by_side,$(DEMO))
+	$(DEMO)
 
 # The second paper's learners beside GGPO, GRPO and GRPO+TIS on the same pool and plan (docs/beyond/), ten
 # seeds at 128 problems x 2 samples, on both cores.
 BEYOND_METHODS ?= proximal-kl,pg,cispo,seq-is,is-free,rft,ggpo,grpo,grpo-tis
 BEYOND_SEEDS ?= 42,1234,2027,1,2,3,4,5,6,7
 BEYOND := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --methods $(BEYOND_METHODS) --seeds $(BEYOND_SEEDS) \
-	--eval-n 2 --threads 1 --ceilings $(CEILINGS) --out reports/beyond
+	--eval-n 2 --threads 1 --ceilings $(CEILINGS) --out reports/beyond --jobs $(JOBS)
 beyond: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
 	$(BIN)/ggpo pool score $(POOL)
-	$(call side_by_side,$(BEYOND))
+	$(BEYOND)
 
 # The frameworks' rollout corrections side by side on the same pool and plan (docs/corrections/): one preset
 # of each distinct part (docs/corrections.md lists all 43; any of them can be named in CORRECTIONS_FIRST or
@@ -85,13 +79,13 @@ CORRECTIONS_FIRST ?= verl-decoupled-token-is,verl-decoupled-seq-is,verl-decouple
 CORRECTIONS_SECOND ?= trl-cispo,openrlhf-icepop,prime-rl,verl-gspo,verl-sapo,roll-topr,areal-m2po
 CORRECTIONS_SEEDS ?= 42,1234,2027,1,2,3,4
 CORRECTIONS := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(CORRECTIONS_SEEDS) --eval-n 2 \
-	--threads 1 --ceilings $(CEILINGS) --out reports/corrections \
+	--threads 1 --ceilings $(CEILINGS) --out reports/corrections --jobs $(JOBS) \
 	--methods grpo,$(CORRECTIONS_FIRST),$(CORRECTIONS_SECOND)
 corrections: setup
 	@if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 	else $(BIN)/ggpo generate-pool --out $(POOL); fi
 	$(BIN)/ggpo pool score $(POOL)
-	$(call side_by_side,$(CORRECTIONS))
+	$(CORRECTIONS)
 
 # How each learner's learning rate was chosen (docs/tuning/): every learner of the reports at three rates,
 # three seeds, the tiny preset at 128 problems x 2 samples otherwise, judged on validation only

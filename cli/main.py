@@ -191,11 +191,7 @@ def compare(options: dict, settings: dict) -> None:
     if compare_config.dry_run:
         render.print_compare_plan(plan_compare(compare_config))
         return
-    with render.CompareProgress() as progress:
-        result = run(
-            compare_config, on_run=progress.start_run, on_update=progress.update, on_eval=progress.evaluated
-        )
-    render.print_compare_result(result)
+    render.print_compare_result(run(compare_config, report=render.JobProgress()))
 
 
 @app.command("arc-report")

@@ -1,19 +1,25 @@
 """`ggpo compare`: the data-plan check, run reuse, and the report from a real pool (tables: test_report)."""
 
 import csv
+import itertools
 import json
+import os
+import socket
 import statistics
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from conftest import count_pool_passes, read_metric_series
+from test_cli import ggpo
 
-from ggpo_offline.compare import comparison
 from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
 from ggpo_offline.compare.figures import CHECKPOINT_FIGURES
 from ggpo_offline.compare.report import FIGURES, Counts, RunRecord, check_data_plans, write_tables
+from ggpo_offline.compare.run_jobs import TrainJob
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.settings import to_flags
+from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.run_records import RunResult, RunSettings
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -201,40 +207,79 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     older = json.loads(saved_config.read_text())
     del older["eval_gpu_memory_fraction"]
     saved_config.write_text(json.dumps(older))
-    # A compare that only reuses runs (the report of two compares run side by side) reads no benchmark and
-    # scores no π0: it starts no evaluator.
+    # A compare that only reuses runs (a report written again) runs no job: it starts no evaluator.
     with monkeypatch.context() as guard:
-        for name in ("Evaluator", "score_pi0"):
-            guard.setattr(comparison, name, _refuse(name))
+        guard.setattr(TrainJob, "run", _refuse("TrainJob.run"))
         assert compare(config, engine=vllm_engine).actions["grpo-s1"] == "reuse"
     rerun = compare(replace(config, seeds=(1,), rerun=True), engine=vllm_engine)  # one seed's runs suffice
     assert rerun.actions == {"grpo-s1": "replace", "ggpo-s1": "replace"}
     assert [r.metrics for r in rerun.records] == [r.metrics for r in result.records if r.seed == 1]
 
 
-def test_a_run_another_compare_trained_meanwhile_is_reused(vllm_pool, vllm_engine, tmp_path):
-    """Two compares side by side on one report folder (`make demo`) train each run once: one that another
-    compare finished after this one planned it (here: while it starts its first run) is reused."""
-    settings = {
-        "updates": 2,
-        "groups_per_batch": 2,
-        "eval_every": 2,
-        "eval_n": 2,
-        "eval_num_problems": 4,
-        "test_num_problems": 4,
-        "no_tracking": True,
-    }
+TWO_UPDATES = {
+    "updates": 2,
+    "groups_per_batch": 2,
+    "eval_every": 2,
+    "eval_n": 2,
+    "eval_num_problems": 4,
+    "test_num_problems": 4,
+    "no_tracking": True,
+}
+
+
+def test_a_second_compare_on_a_report_folder_in_use_is_refused(vllm_pool, vllm_engine, tmp_path):
+    """One compare at a time on a report folder: a second one started while the first runs its jobs is
+    refused with one line naming the first (pid, host), and changes nothing."""
     config = CompareConfig(
-        pool=vllm_pool, methods=("grpo",), seeds=(2, 1), preset="tiny", settings=settings, out=tmp_path / "r"
+        pool=vllm_pool,
+        methods=("grpo",),
+        seeds=(2, 1),
+        preset="tiny",
+        settings=TWO_UPDATES,
+        out=tmp_path / "r",
     )
     beside = {}
 
-    def on_run(position, total, run):
-        if run.config.run_name == "grpo-s2":  # meanwhile, the other compare trains grpo-s1
-            beside["result"] = compare(replace(config, seeds=(1,)), engine=vllm_engine)
+    def on_state(name, state):
+        if name == "grpo-s2" and state.status == "running" and not beside:
+            try:
+                compare(replace(config, seeds=(1,)), engine=vllm_engine)
+            except UserError as refused:
+                beside["refused"] = str(refused)
 
-    result = compare(config, on_run=on_run, engine=vllm_engine)
-    assert beside["result"].actions == {"grpo-s1": "train"}
-    assert result.actions == {"grpo-s2": "train", "grpo-s1": "reuse"}
-    assert result.records[1].metrics == beside["result"].records[0].metrics
-    assert "| grpo-s1 | reused |" in (tmp_path / "r" / "README.md").read_text()
+    result = compare(config, report=on_state, engine=vllm_engine)
+    assert beside["refused"] == (
+        f"{tmp_path / 'r'} is being written by pid {os.getpid()} on {socket.gethostname()}; a report folder "
+        "has one compare: let it finish (or stop it), then run it again"
+    )
+    assert result.actions == {"grpo-s2": "train", "grpo-s1": "train"}
+    updates = [[m["update"] for m in r.metrics] for r in result.records]
+    assert updates == [sorted(set(u)) for u in updates] and all(u[-1] == 2 for u in updates)  # each once
+
+
+def test_two_workers_give_the_report_of_one(vllm_pool, tmp_path):
+    """--jobs 2 trains the runs in two worker processes, each pinned to a core and keeping its engine from
+    run to run: the report's files equal those of `ggpo compare` training them one after the other in its
+    own process, byte for byte, and each worker's run has its output in its log. (This test's process holds
+    the session's engine, which binds torch's threads: the one-process reference runs as a user runs it.)"""
+    settings = {**TWO_UPDATES, "threads": 1}
+    runs = {"pool": vllm_pool, "methods": ("grpo", "ggpo"), "seeds": (1,), "preset": "tiny"}
+    two = tmp_path / "two"
+    states = []
+    result = compare(
+        CompareConfig(**runs, settings=settings, out=two, jobs=2),
+        report=lambda name, state: states.append((name, state.status)),
+    )
+    one = tmp_path / "one"
+    flags = to_flags(runs, CompareConfig) + to_flags(settings, TrainConfig)
+    done = ggpo("compare", *flags, "--out", str(one))
+    assert done.returncode == 0, done.stderr
+    for name in ("counts.json", "table.md", "table.csv", "diagnostics.csv"):
+        assert (two / name).read_bytes() == (one / name).read_bytes(), name
+    assert sorted(result.actions) == ["ggpo-s1", "grpo-s1"]
+    for run in result.actions:  # each run queued, running (its updates told as it goes), done
+        told = [status for status, _ in itertools.groupby(s for n, s in states if n == run)]
+        assert told == ["queued", "running", "done"]
+        log = (two / "logs" / f"{run}.log").read_text()
+        assert log.startswith("$ ggpo train ") and log.endswith(f"{run}: done\n")
+        assert f"{run}: running update 2/2\n" in log

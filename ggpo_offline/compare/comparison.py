@@ -24,7 +24,7 @@ from ggpo_offline.compare.run_jobs import TrainJob
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import replace_settings
 from ggpo_offline.generate.engines import Engine
-from ggpo_offline.jobs.job import JobFailed, Launcher, OnState, Session
+from ggpo_offline.jobs.job import JobFailed, JobState, Launcher, OnState, Session
 from ggpo_offline.jobs.local import LocalLauncher
 from ggpo_offline.train.config import PER_RUN, TrainConfig
 from ggpo_offline.train.dry_run import Estimate, estimate, run_folders_near
@@ -218,6 +218,9 @@ def _compare(ready: ComparePlan, report: OnState) -> CompareResult | Submitted:
         parent.log_params({"methods": ",".join(config.methods), "seeds": ",".join(map(str, config.seeds))})
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
         _clear_replaced(ready.runs)
+        for run in planned:
+            if run.action == "reuse":
+                report(run.config.run_name, JobState("done", "reused"))
         jobs = ready.jobs(parent.run_id)
         try:
             ended = ready.launcher.run(jobs, report)

@@ -67,19 +67,19 @@ class TrainJob:
             on_update=updated,
             evaluator=session.keep(
                 ("evaluator", config.pool, config.model, config.evaluation),
-                lambda stack: self._evaluator(stack, session.engine),
+                lambda stack: self._evaluator(stack, session.engine, pool),
             ),
             parent_run_id=self.parent_run_id,
             pool=pool,
         )
 
-    def _evaluator(self, stack, engine):
+    def _evaluator(self, stack, engine, pool):
         """The run's evaluation engine, started once per worker (π0's log-probs scored first: the cache every
         run on the pool reads)."""
         from ggpo_offline.evaluate.evaluator import Evaluator
         from ggpo_offline.train.evaluation import eval_config
         from ggpo_offline.train.run_inputs import read_inputs, score_pi0
 
-        inputs = read_inputs(self.config)
+        inputs = read_inputs(self.config, pool=pool)
         score_pi0(self.config, inputs)
         return stack.enter_context(Evaluator(eval_config(self.config, inputs.model_dir), engine))

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ggpo_offline.core.errors import UserError, how_it_ended, one_line
-from ggpo_offline.jobs.job import Job, JobFailed, JobState, OnState, Session
+from ggpo_offline.jobs.job import Job, JobFailed, JobState, OnState, Session, shell_command
 
 POLL_S = 1.0
 """How often a worker that died without a word is looked for while no news comes."""
@@ -189,8 +189,15 @@ def _serve(index: int, environment: dict, todo, news, logs: str) -> None:
     try:
         while (job := todo.get()) is not None:
             news.put((index, job.name, JobState("running")))
+
+            def tell(name: str, state: JobState) -> None:
+                print(f"{name}: {state.text()}", flush=True)  # into the log, beside what the job prints
+                news.put((index, name, state))
+
             with _output_to(Path(logs) / f"{job.name}.log"):
-                state = _attempt(job, session, lambda name, state: news.put((index, name, state)))
+                print(f"$ {shell_command(job)}", flush=True)
+                state = _attempt(job, session, tell)
+                print(f"{job.name}: {state.text()}", flush=True)
             news.put((index, job.name, state))
     finally:
         session.close()
