@@ -9,6 +9,7 @@ from ggpo_offline.compare.finished_runs import RunRecord
 from ggpo_offline.compare.frontier import plot_frontier
 from ggpo_offline.compare.scores import At, Scores
 from ggpo_offline.compare.tables import display, headline
+from ggpo_offline.core.errors import replacing
 from ggpo_offline.train.learners import learner
 from ggpo_offline.train.metric_names import (
     GENERATED_PREFIX,
@@ -111,6 +112,12 @@ def _panels(records: list[RunRecord], scores: Scores, methods: list[str]) -> lis
     ]
 
 
+def _save(figure, path: Path) -> None:
+    # The name of the temporary file does not end in .png: the format is named.
+    with replacing(path) as tmp:
+        figure.savefig(tmp, dpi=120, format="png")
+
+
 def write_figures(records: list[RunRecord], scores: Scores, methods: list[str], out: Path) -> list[Path]:
     """figure.png (every panel, `PANELS_PER_ROW` to a row) and one PNG per panel."""
     import matplotlib
@@ -131,7 +138,7 @@ def write_figures(records: list[RunRecord], scores: Scores, methods: list[str], 
         ax.grid(alpha=0.3)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncol=len(labels), frameon=False)
-    figure.savefig(out / "figure.png", dpi=120)
+    _save(figure, out / "figure.png")
     plt.close(figure)
     written.append(out / "figure.png")
     for name, draw in panels:
@@ -139,7 +146,7 @@ def write_figures(records: list[RunRecord], scores: Scores, methods: list[str], 
         draw(ax)
         ax.grid(alpha=0.3)
         ax.legend(frameon=False, fontsize="small")
-        figure.savefig(out / name, dpi=120)
+        _save(figure, out / name)
         plt.close(figure)
         written.append(out / name)
     return written

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import UserError, replacing
 from ggpo_offline.train.run_records import RunId
 
 MARKER = "compare.json"
@@ -70,7 +70,8 @@ class CompareManifest:
         )
 
     def write(self, report_dir: Path) -> None:
-        (Path(report_dir) / MARKER).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        with replacing(Path(report_dir) / MARKER) as tmp:
+            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def read(cls, report_dir: Path) -> "CompareManifest":

@@ -22,6 +22,7 @@ from ggpo_offline.compare.tables import (
     table5_section,
 )
 from ggpo_offline.compare.variance import variance_section
+from ggpo_offline.core.errors import replacing
 from ggpo_offline.train.metric_names import (
     CHECKPOINT_METRICS,
     GRAD_NORM,
@@ -101,8 +102,9 @@ class Report:
     report (``--ceilings``) or arith test problems, and then the report has no such file."""
 
     def write_tables(self, out: Path) -> None:
-        (out / "table.md").write_text(self.tables)
-        with (out / "table.csv").open("w", newline="") as handle:
+        with replacing(out / "table.md") as tmp:
+            tmp.write_text(self.tables)
+        with replacing(out / "table.csv") as tmp, tmp.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
             writer.writeheader()
             writer.writerows(self.rows)
@@ -112,7 +114,8 @@ class Report:
         another comparison's."""
         self.write_tables(out)
         if self.ceilings:
-            (out / CEILINGS_FILE).write_text(self.ceilings)
+            with replacing(out / CEILINGS_FILE) as tmp:
+                tmp.write_text(self.ceilings)
         else:
             (out / CEILINGS_FILE).unlink(missing_ok=True)
 
@@ -162,7 +165,7 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
     logged = {name for record in records for row in record.metrics for name in row}
     optional = CORRECTION_DIAGNOSTICS + CHECKPOINT_METRICS
     columns = DIAGNOSTICS + tuple(name for name in optional if name in logged)
-    with path.open("w", newline="") as handle:
+    with replacing(path) as tmp, tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(("method", "seed", *settings, "update", *columns))
         for record in records:

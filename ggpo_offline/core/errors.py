@@ -1,5 +1,7 @@
-"""The one exception type for bad user input or environment, and helpers that keep its message one line."""
+"""The one exception type for bad user input or environment, and helpers that keep its message one line
+(and a failed write from leaving a half-written file)."""
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +32,22 @@ def writing(path: Path | str) -> Iterator[None]:
         yield
     except OSError as exc:
         raise UserError(f"cannot write {path}: {os_reason(exc)}") from exc
+
+
+@contextmanager
+def replacing(path: Path | str) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the block to write, renamed onto ``path`` when the block ends. A
+    write the storage refuses part-way (disk full, file-size limit: a UserError naming ``path``, `writing`)
+    leaves the earlier file whole and no temporary file: writing in place would have truncated it first."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with writing(path):
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 class JobFailure(UserError):

@@ -2,11 +2,10 @@
 (``eval/update-*.json``), and what training, compare and the CLI read back, through this one type."""
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggpo_offline.core.errors import UserError, writing
+from ggpo_offline.core.errors import UserError, replacing
 from ggpo_offline.evaluate.scores import BenchmarkScores, Scores
 
 
@@ -72,13 +71,7 @@ def check_report_path(path: Path, overwrite: bool) -> None:
 def write_json(report: dict, path: Path) -> None:
     """Write through a temporary file renamed into place, so no half-written report is left and an earlier
     one survives a failed write (disk full, folder not writable: a UserError naming ``path``)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     text = json.dumps(report, indent=2) + "\n"
-    with writing(path):
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+    with replacing(path) as tmp:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import UserError, replacing
 from ggpo_offline.pool.schema import PARQUET_OPTIONS, POOL_SCHEMA, open_parquet
 
 PROGRESS_FILE = "progress.json"
@@ -31,12 +31,12 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _write_durably(path: Path, write) -> None:
-    """``write(tmp_path)``, fsync the file, rename it to ``path`` and fsync the folder."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with tmp.open("rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """``write(tmp_path)``, fsync the file, rename it to ``path`` and fsync the folder; a full disk is one
+    UserError naming ``path`` and leaves no temporary file (`replacing`)."""
+    with replacing(path) as tmp:
+        write(tmp)
+        with tmp.open("rb") as handle:
+            os.fsync(handle.fileno())
     _fsync_dir(path.parent)
 
 

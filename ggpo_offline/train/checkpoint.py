@@ -2,6 +2,8 @@
 
 import errno
 import os
+import re
+import resource
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,8 +18,10 @@ from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
 from ggpo_offline.train.run_folder import STATE_FILE, RunFolder
 
-# Below this much free space a failed save is reported as a full disk (see _removed_on_failure).
+# Below this much free space a failed save is reported as a full disk (see _refusal).
 FULL_DISK_BYTES = 1 << 20
+OS_ERROR = re.compile(r"\(os error (\d+)\)")
+"""The errno in safetensors' message for a failed write: "I/O error: File too large (os error 27)"."""
 
 
 def _rank_file(rank: int) -> str:
@@ -118,22 +122,35 @@ def _removed_on_failure(path: Path, tmp: Path) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        # torch.save and safetensors report a full disk as RuntimeError / SafetensorError, not OSError,
-        # so the free space (measured before the partial folder is removed) tells what happened.
-        full = isinstance(exc, Exception) and not isinstance(exc, OSError) and _disk_full(path.parent)
+        # torch.save and safetensors report a refused write as RuntimeError / SafetensorError, not OSError,
+        # so the storage (looked at before the partial folder is removed) tells what happened.
+        other = isinstance(exc, Exception) and not isinstance(exc, OSError)
+        refused = _refusal(exc, path.parent, tmp) if other else None
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             raise UserError(f"cannot write checkpoint {path}: {os_reason(exc)}") from exc
-        if full:
-            raise UserError(f"cannot write checkpoint {path}: {os.strerror(errno.ENOSPC)}") from exc
+        if refused:
+            raise UserError(f"cannot write checkpoint {path}: {refused}") from exc
         raise
 
 
-def _disk_full(folder: Path) -> bool:
+def _refusal(exc: Exception, folder: Path, tmp: Path) -> str | None:
+    """Why the storage refused the write that raised ``exc`` into ``tmp``, None when it did not: the errno
+    safetensors names in its message, a full disk, or a file that reached this process's file-size limit
+    (`ulimit -f`: torch writes up to it, then reports only "unexpected pos")."""
+    named = OS_ERROR.search(str(exc))
+    if named:
+        return os.strerror(int(named.group(1)))
     try:
-        return shutil.disk_usage(folder).free < FULL_DISK_BYTES
+        if shutil.disk_usage(folder).free < FULL_DISK_BYTES:
+            return os.strerror(errno.ENOSPC)
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        sizes = [f.stat().st_size for f in tmp.iterdir() if f.is_file()]
+        if limit != resource.RLIM_INFINITY and any(size >= limit for size in sizes):
+            return os.strerror(errno.EFBIG)
     except OSError:
-        return False
+        pass
+    return None
 
 
 def _replace_folder(tmp: Path, path: Path) -> None:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import UserError, replacing, writing
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.metric_names import UPDATE
 from ggpo_offline.train.profile import PhaseTime
@@ -40,9 +40,18 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _append_jsonl(path: Path, records: list[dict]) -> None:
-    with path.open("a") as handle:
-        for record in records:
-            handle.write(json.dumps(record) + "\n")
+    """Append whole lines or none: a write the storage refuses part-way (disk full, file-size limit: a
+    UserError naming ``path``) is cut back to where the file ended, so --resume never reads a torn line."""
+    data = "".join(json.dumps(record) + "\n" for record in records).encode()
+    with writing(path), open(path, "ab", buffering=0) as handle:
+        end = handle.seek(0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(data):  # unbuffered: the kernel may take part of it, then refuse the rest
+                written += handle.write(data[written:])
+        except OSError:
+            handle.truncate(end)
+            raise
 
 
 def _reports_by_update(folder: Path) -> dict[int, EvalReport]:
@@ -143,7 +152,8 @@ class RunFolder:
         """Drop the records of ``update`` and later (a resumed run computes them again); the rest."""
         kept = [r for r in self.read_metrics() if r[UPDATE] < update]
         if self.metrics_file.is_file():
-            self.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            with replacing(self.metrics_file) as tmp:  # a refused write keeps every record
+                tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         return kept
 
 
