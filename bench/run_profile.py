@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ggpo_offline.train.profile import PHASES, TRAINING_PHASES, phase_totals
-from ggpo_offline.train.run import RunFolder
+from ggpo_offline.train.run_folder import RunFolder
 
 GGPO = str(Path(sys.executable).parent / "ggpo")
 
