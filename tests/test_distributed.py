@@ -100,6 +100,30 @@ def test_two_gloo_processes_give_the_one_process_updates_metrics_and_weights(
     ]  # fmt: skip
 
 
+def test_compare_trains_each_run_with_torchrun_as_one_process_does(vllm_pool, one_process, tmp_path):
+    """`ggpo compare --nproc 2`: each run's job is a torchrun of two gloo processes, whose updates and
+    weights equal the one-process run's (as above); its evaluations use the hf engine to keep this short."""
+    flags = _flags(_config(vllm_pool, tmp_path))
+    flags = [f for f in flags[: flags.index("--out")] if f not in ("--method", "ggpo")]
+    evaluation = ["--eval-engine", "hf", "--eval-every", "4", "--eval-n", "2", "--eval-num-problems", "4",
+                  "--test-num-problems", "4", "--threads", "1"]  # fmt: skip
+    command = [GGPO, "compare", "--methods", "ggpo", "--seeds", "42", "--nproc", "2", *flags, *evaluation]
+    done = subprocess.run(
+        [*command, "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=1800
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = tmp_path / "r" / "runs" / "ggpo-s42"
+    series_one, series_two = _training_records(one_process.run_dir), _training_records(run)
+    assert [r["update"] for r in series_two] == [0, 1, 2, 3]
+    for a, b in zip(series_one, series_two, strict=True):
+        for key in a:
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (a["update"], key, a[key], b[key])
+    assert sorted(p.name for p in (run / "checkpoints" / "update-000002").glob("rank-*.pt")) == [
+        "rank-000.pt",
+        "rank-001.pt",
+    ]  # fmt: skip  (trained by two processes)
+
+
 def _counts(folder: Path) -> dict[str, dict]:
     return {p.name: json.loads(p.read_text())["benchmarks"] for p in sorted(folder.glob("*.json"))}
 
