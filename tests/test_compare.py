@@ -4,14 +4,19 @@ import csv
 import itertools
 import json
 import os
+import re
+import shlex
 import socket
 import statistics
+import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import count_pool_passes, read_metric_series
-from test_cli import ggpo
+from test_cli import GGPO, ggpo
 
 from ggpo_offline.compare.comparison import CompareConfig, compare, run_configs
 from ggpo_offline.compare.figures import CHECKPOINT_FIGURES
@@ -20,6 +25,8 @@ from ggpo_offline.compare.run_jobs import TrainJob
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import to_flags
 from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.distributed import STOP_VARIABLE
+from ggpo_offline.train.run_folder import RunFolder
 from ggpo_offline.train.run_records import RunResult, RunSettings
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -283,3 +290,36 @@ def test_two_workers_give_the_report_of_one(vllm_pool, tmp_path):
         log = (two / "logs" / f"{run}.log").read_text()
         assert log.startswith("$ ggpo train ") and log.endswith(f"{run}: done\n")
         assert f"{run}: running update 2/2\n" in log
+
+
+def test_a_job_whose_worker_dies_ends_the_compare_with_one_line_and_the_same_command_continues(
+    vllm_pool, tmp_path
+):
+    """`ggpo compare --jobs 2` as a user runs it: both workers stop at update 1 (GGPO_STOP_AT), one is
+    killed. The compare ends with one line naming the run, its log and the command that continues; that
+    command then finishes every run, each update once."""
+    out = tmp_path / "r"
+    runs = ["--pool", str(vllm_pool), "--methods", "grpo", "--seeds", "1,2", "--preset", "tiny"]
+    flags = [*runs, *to_flags({**TWO_UPDATES, "threads": 1}, TrainConfig), "--out", str(out), "--jobs", "2"]
+    stop = {**os.environ, STOP_VARIABLE: "0:training update 1"}
+    job = subprocess.Popen([*GGPO, "compare", *flags], env=stop, stderr=subprocess.PIPE, text=True)
+    stopped = []
+    while job.poll() is None and not stopped:
+        stopped = [w for w in psutil.Process(job.pid).children() if w.status() == psutil.STATUS_STOPPED]
+        time.sleep(0.1)
+    stopped[0].kill()
+    stderr = job.communicate(timeout=600)[1]
+    assert job.returncode == 1 and "Traceback" not in stderr
+    line = stderr.strip().splitlines()[-1]
+    named = re.fullmatch(
+        rf"error: run (grpo-s[12]) failed: its worker process was killed by signal 9 \(SIGKILL\); its log: "
+        rf"{re.escape(str(out))}/logs/\1\.log; the same command continues: (.*)",
+        line,
+    )
+    assert named, line
+    command = shlex.split(named[2])  # the line's own command, as the user would paste it
+    assert command[:2] == ["ggpo", "compare"] and "--jobs" in command
+    assert ggpo(*command[1:]).returncode == 0
+    for run in ("grpo-s1", "grpo-s2"):
+        updates = [record["update"] for record in RunFolder(out / "runs" / run).read_metrics()]
+        assert updates == sorted(set(updates)) and updates[-1] == 2

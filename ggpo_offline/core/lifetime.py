@@ -11,6 +11,17 @@ from pathlib import Path
 WATCH_S = 1.0
 
 
+QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def quiet_resource_tracker() -> None:
+    """Keep multiprocessing's resource tracker (started with the first worker, from this environment) from
+    warning about a killed worker's semaphores after the job's one error line."""
+    warnings = os.environ.get("PYTHONWARNINGS", "")
+    if QUIET_TRACKER not in warnings:
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [warnings, QUIET_TRACKER]))
+
+
 def exit_with_parent() -> None:
     """End this process (and the processes it started) within ``WATCH_S`` of its parent's end: a parent
     killed by a signal cannot stop it, and an orphan would train or sample on for nobody, or write into a

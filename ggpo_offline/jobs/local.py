@@ -1,10 +1,12 @@
 """The local launcher: a command's jobs on this machine, ``--jobs N`` at a time, each worker pinned to its
 share of the cores (and GPUs) and keeping its imports and engine from one job to the next."""
 
+import contextlib
 import multiprocessing
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import traceback
@@ -13,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ggpo_offline.core.errors import UserError, how_it_ended, one_line
+from ggpo_offline.core.lifetime import quiet_resource_tracker
 from ggpo_offline.jobs.job import Job, JobFailed, JobState, OnState, Session, shell_command
 
 POLL_S = 1.0
@@ -102,6 +105,7 @@ class LocalLauncher:
         return True
 
     def _run_in_workers(self, jobs: list[Job], report: OnState) -> None:
+        quiet_resource_tracker()
         context = multiprocessing.get_context("spawn")
         todo, news = context.Queue(), context.Queue()
         for job in jobs:
@@ -171,6 +175,8 @@ def _stop(workers, at_once: bool) -> None:
         for worker in workers:
             if worker.is_alive():
                 worker.terminate()
+                with contextlib.suppress(OSError):  # a stopped process (SIGSTOP) acts on it once continued
+                    os.kill(worker.pid, signal.SIGCONT)
     for worker in workers:
         worker.join(timeout=STOP_S)
         if worker.is_alive():

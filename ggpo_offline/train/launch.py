@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 from ggpo_offline.core.errors import JobFailure, UserError, how_it_ended
-from ggpo_offline.core.lifetime import exit_with_parent
+from ggpo_offline.core.lifetime import exit_with_parent, quiet_resource_tracker
 from ggpo_offline.train.checkpoint import resume_point
 from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
 from ggpo_offline.train.distributed import FOLDER_VARIABLE, Ranks, check_split, last_doing
@@ -20,8 +20,6 @@ from ggpo_offline.train.trainer import TrainResult
 # Which worker explains the job's end (see `_failure_line`).
 USER, FAILURE, SILENT, LOST_PEER = "user", "failure", "silent", "lost peer"
 CAUSE_ORDER = (USER, FAILURE, SILENT, LOST_PEER)
-# The multiprocessing resource tracker warns about a killed worker's semaphores after the job ended.
-QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 
 def launch(
@@ -49,9 +47,7 @@ def launch(
     # The agent logs every worker failure (and each worker it stops) at length; our line says it once.
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    warnings = os.environ.get("PYTHONWARNINGS", "")
-    if QUIET_TRACKER not in warnings:
-        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [warnings, QUIET_TRACKER]))
+    quiet_resource_tracker()
     launch_config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
