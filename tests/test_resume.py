@@ -3,9 +3,11 @@ ending with what the uninterrupted run gives."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -156,3 +158,49 @@ def test_kill_9_of_training_then_resume_gives_the_uninterrupted_metrics_and_weig
     assert series[0] == series[1]  # bitwise: the same JSON text, update by update, none repeated
     a, b = (load_file(str(tmp_path / run / "final" / "model.safetensors")) for run in ("whole", "cut"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_if_any_carries_a_run_on_from_whatever_state_its_folder_is_in(vllm_pool, tmp_path):
+    """What every launcher's job runs (`ggpo train --resume-if-any`), so that a requeued job resumes: an
+    empty folder is trained, a finished run left as it is, a run stopped after a checkpoint resumed from it
+    and one stopped before any replaced; each ends as the uninterrupted run. A folder holding another run is
+    refused with one line, as is the flag beside --resume."""
+    flags = "--method ggpo --updates 4 --groups-per-batch 2 --save-every 2 --no-tracking --threads 1".split()
+
+    def train(out, *more: str, lr: str = "1e-4"):
+        return ggpo_here("train", "--pool", str(vllm_pool), *flags, "--lr", lr, "--out", str(out), *more)
+
+    whole = tmp_path / "whole"
+    assert train(whole, "--resume-if-any").returncode == 0
+    finished = {p: p.stat().st_mtime_ns for p in whole.rglob("*") if p.is_file()}
+    again = train(whole, "--resume-if-any")
+    assert again.returncode == 0 and f"{whole} holds this run, finished: nothing to train" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in whole.rglob("*") if p.is_file()} == finished
+
+    for update in (2, 0):  # stopped after its checkpoint at update 2; stopped before its first checkpoint
+        folder = tmp_path / f"stopped-at-{update}"
+        assert train(folder).returncode == 0
+        _cut_back(folder, update)
+        assert train(folder, "--resume-if-any").returncode == 0
+        assert (folder / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
+        weights = [(run / "final" / "model.safetensors").read_bytes() for run in (folder, whole)]
+        assert weights[0] == weights[1]
+
+    assert_one_error_line(
+        train(whole, "--resume-if-any", lr="3e-4"),
+        "holds a run with other settings or another pool (lr: 0.0001 -> 0.0003)",
+    )
+    assert_one_error_line(
+        train(whole, "--resume-if-any", "--resume"),
+        "--resume-if-any decides between --resume and --overwrite itself: give it alone",
+    )
+
+
+def _cut_back(run: Path, update: int) -> None:
+    """A finished run as it would be had it stopped at ``update``: its checkpoints up to that update, the
+    metrics of the updates before it, no final model and no result."""
+    for path in [run / "result.json", run / "final", *(run / "checkpoints").glob("update-*")]:
+        if path.name in ("result.json", "final") or int(path.name.removeprefix("update-")) > update:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("".join(f"{x}\n" for x in lines if json.loads(x)["update"] < update))
