@@ -225,3 +225,16 @@ def read_metric_series(tracking_uri: str, run_id: str) -> dict[str, list[tuple[i
         key: sorted((point.step, point.value) for point in client.get_metric_history(run_id, key))
         for key in keys
     }
+
+
+def stopped_itself(job: subprocess.Popen, log: Path) -> None:
+    """Wait until ``job`` stopped itself at its GGPO_STOP_AT point: a moment fixed by the run, not by load."""
+    import time
+
+    import psutil
+
+    process = psutil.Process(job.pid)
+    while process.status() != psutil.STATUS_STOPPED:
+        if job.poll() is not None:
+            pytest.fail(f"the run ended (exit code {job.returncode}) before it stopped: {log.read_text()}")
+        time.sleep(0.05)

@@ -9,16 +9,14 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import synthetic_rows, write_synthetic_pool
+from conftest import stopped_itself, synthetic_rows, write_synthetic_pool
 
 from ggpo_offline.compare.manifest import MARKER
 from ggpo_offline.core.errors import UserError
@@ -26,7 +24,7 @@ from ggpo_offline.pool.partial import PROGRESS_FILE, PartialRun, partial_dir
 from ggpo_offline.pool.schema import POOL_SCHEMA
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train.distributed import STOP_VARIABLE
-from ggpo_offline.train.run_folder import RunFolder
+from ggpo_offline.train.run_folder import WRITER_LOCK, RunFolder
 
 # Python ignores SIGXFSZ, so a write past the limit fails with EFBIG ("File too large") where one on a full
 # disk fails with ENOSPC: the same refusal part-way through a file, without a small filesystem to mount.
@@ -84,8 +82,8 @@ def contents(folder: Path) -> dict[str, bytes]:
 
 
 def report_files(folder: Path) -> dict[str, bytes]:
-    """The files of a report folder, its runs and lock files aside."""
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+    """The files of a report folder, its runs and the compare's lock (it names the compare's pid) aside."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name != WRITER_LOCK}
 
 
 @pytest.fixture(scope="module")
@@ -180,15 +178,6 @@ def whole_run(pool, tmp_path_factory) -> Path:
     return out
 
 
-def _stopped(job: subprocess.Popen, log: Path) -> None:
-    """Wait until ``job`` stopped itself at its GGPO_STOP_AT point: a moment fixed by the run, not by load."""
-    process = psutil.Process(job.pid)
-    while process.status() != psutil.STATUS_STOPPED:
-        if job.poll() is not None:
-            pytest.fail(f"the run ended (exit code {job.returncode}) before it stopped: {log.read_text()}")
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("refused", ["checkpoint", "metrics"])
 def test_train_on_a_full_disk_keeps_the_last_checkpoint_and_resumes_to_the_same_run(
     pool, whole_run, tmp_path, refused
@@ -203,7 +192,7 @@ def test_train_on_a_full_disk_keeps_the_last_checkpoint_and_resumes_to_the_same_
         stop = {**ONE_THREAD, STOP_VARIABLE: "0:training update 3"}
         job = subprocess.Popen([GGPO, *command], env=stop, stderr=stderr)
     try:
-        _stopped(job, log)
+        stopped_itself(job, log)
         kept, metrics = contents(run / "checkpoints"), (run / "metrics.jsonl").read_bytes()
         weights = len(kept["update-000002/model.safetensors"])
         limit = weights // 2 if refused == "checkpoint" else len(metrics) + 10  # 10 bytes: a torn line

@@ -8,11 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
+from conftest import stopped_itself
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.distributed import STOP_VARIABLE
@@ -68,15 +67,6 @@ def test_the_lock_file_is_not_part_of_the_run(tmp_path):
             pass  # still held through the clearing
 
 
-def _stopped(job: subprocess.Popen, log: Path) -> None:
-    """Wait until ``job`` stopped itself at its GGPO_STOP_AT point: a moment fixed by the run, not by load."""
-    process = psutil.Process(job.pid)
-    while process.status() != psutil.STATUS_STOPPED:
-        if job.poll() is not None:
-            pytest.fail(f"the run ended (exit code {job.returncode}) before it stopped: {log.read_text()}")
-        time.sleep(0.05)
-
-
 def test_a_second_resume_on_a_live_run_is_refused_and_each_update_is_written_once(vllm_pool, tmp_path):
     """The first `ggpo train` stops itself at update 4, after its checkpoint at update 2; the same command
     with --resume is refused while it lives, and the first, continued, writes updates 0-5 once each."""
@@ -89,7 +79,7 @@ def test_a_second_resume_on_a_live_run_is_refused_and_each_update_is_written_onc
         stop = {**os.environ, STOP_VARIABLE: "0:training update 4"}
         first = subprocess.Popen(command, env=stop, stderr=stderr)
     try:
-        _stopped(first, log)
+        stopped_itself(first, log)
         second = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600)
     finally:
         first.send_signal(signal.SIGCONT)
