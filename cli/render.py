@@ -235,21 +235,25 @@ def generated_line(generated: dict) -> str:
     )
 
 
-class CompareProgress(TrainingProgress):
-    """One line per run (what compare does with it), then that run's training bar and evaluations."""
+class JobProgress:
+    """A line per job when its state changes (queued, running, done, failed), and while it runs, how far it
+    has come at most every PROGRESS_S seconds."""
+
+    PROGRESS_S = 30.0
 
     def __init__(self):
-        super().__init__(updates=0)
+        self._seen: dict[str, tuple[str, float]] = {}
 
-    def start_run(self, position: int, total: int, run) -> None:
-        console.print(
-            f"[{position + 1}/{total}] {run.config.run_name}: {run.verbs.doing} ({run.config.run_dir})"
-        )
-        self.updates = run.config.updates
-        self.label = run.config.run_name
-        if self._bar is not None:  # a fresh bar per run
-            self._bar.__exit__(None, None, None)
-            self._bar = None
+    def __call__(self, name: str, state) -> None:
+        import time
+
+        last = self._seen.get(name)
+        now = time.monotonic()
+        if last is not None and last[0] == state.status:
+            if state.status != "running" or now - last[1] < self.PROGRESS_S:
+                return
+        self._seen[name] = (state.status, now)
+        console.print(f"{name}: {state.text()}")
 
 
 def print_allocations(config, allocations: list) -> None:
@@ -279,8 +283,10 @@ def print_run_plan(plan) -> None:
 
 
 def print_compare_plan(ready) -> None:
-    """`ggpo compare --dry-run`: the runs, what happens to each, their data and evaluations, the time."""
+    """`ggpo compare --dry-run`: the runs, what happens to each, their data and evaluations, where the jobs
+    run and the command of each, the time."""
     from ggpo_offline.compare.comparison import ACTIONS
+    from ggpo_offline.jobs.job import shell_command
     from ggpo_offline.train.dry_run import RunPlan, plan_lines
 
     runs, config = ready.runs, ready.config
@@ -294,11 +300,25 @@ def print_compare_plan(ready) -> None:
         names = [run.config.run_name for run in runs if run.action == action]
         if names:
             stdout.print(f"{ACTIONS[action].doing} {len(names)}: {', '.join(names)}")
+    jobs = ready.jobs()
+    for line in ready.launcher.describe():
+        stdout.print(line)
+    stdout.print(f"jobs: {len(jobs)}, one per run to train, each running:")
+    for job in jobs:
+        stdout.print(f"  {shell_command(job)}")
     stdout.print(f"time: {ready.estimate().text()}")
     stdout.print(DRY_RUN)
 
 
 def print_compare_result(result) -> None:
+    from ggpo_offline.compare.comparison import Submitted
+
+    if isinstance(result, Submitted):
+        stdout.print(
+            f"submitted {result.jobs} job(s); the same command follows them and then writes the report:"
+        )
+        stdout.print(f"  {result.command}", soft_wrap=True)
+        return
     for seed, fingerprint in result.data_plans.items():
         runs = sum(record.seed == seed for record in result.records)
         stdout.print(f"seed {seed}: data-order fingerprint {fingerprint} shared by all {runs} runs")

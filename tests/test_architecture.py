@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "ggpo_offline"
 
-STAGES = ("core", "pool", "generate", "evaluate", "train", "compare")
+STAGES = ("core", "jobs", "pool", "generate", "evaluate", "train", "compare")
 """The pipeline's stages, lowest first: each imports only from itself and the stages before it."""
 ALLOWED: dict[str, set[str]] = {stage: set(STAGES[:i]) for i, stage in enumerate(STAGES)}
 ALLOWED["organism"] = {"core", "pool", "generate"}  # the tiny model sits on generation

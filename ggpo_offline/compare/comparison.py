@@ -260,7 +260,7 @@ def launcher_for(config: CompareConfig, pool: CheckedPool, engine: Engine | None
     if config.launch.launcher == "slurm":
         from ggpo_offline.jobs.slurm import SlurmLauncher
 
-        return SlurmLauncher(config.launch, config.report_dir / SLURM_FOLDER)
+        return SlurmLauncher(config.launch, config.report_dir / SLURM_FOLDER, config.nproc)
     here = Session(engine)
     here.lend(("pool", pool.path), pool)
     return LocalLauncher(config.jobs, config.nproc, config.report_dir / LOGS_FOLDER, here)
