@@ -24,8 +24,8 @@ REPORT_FILES = ("counts.json", "table.md", "table.csv", "diagnostics.csv")
 # The smallest runs the hf pool holds (6 mixed groups: 3 updates x 2), a checkpoint after every update so that
 # a task stopped at update 2 has one to resume from; evaluated by the hf engine (which starts in a second).
 SETTINGS = ["--preset", "tiny", "--updates", "3", "--groups-per-batch", "2", "--save-every", "1"]
-SETTINGS += ["--eval-every", "3", "--eval-n", "2", "--eval-k", "1,2", "--eval-num-problems", "4"]
-SETTINGS += ["--test-num-problems", "4", "--eval-engine", "hf", "--no-tracking", "--threads", "1"]
+SETTINGS += ["--eval-every", "3", "--eval-n", "2", "--eval-k", "1,2", "--eval-num-problems", "4", "--no-test"]
+SETTINGS += ["--eval-engine", "hf", "--no-tracking", "--threads", "1"]
 STOP_POINT = "0:training update 2"
 """Where a run's task stops itself (SIGSTOP) in the tests that requeue or cancel it: after its checkpoint at
 update 2 and before it ends, whatever the machine's load."""
