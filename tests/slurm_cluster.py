@@ -3,6 +3,7 @@ temporary folder, and stopped with every job they ran."""
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -138,22 +139,27 @@ def _start_daemon(name: str, conf: Path, log: Path) -> None:
         raise RuntimeError(f"{name} did not start ({done.returncode}): {tail}")
 
 
-def _stop(pid_file: Path) -> None:
-    """SIGTERM the daemon ``pid_file`` names and wait for it to end (SIGKILL past the deadline)."""
-    if not pid_file.is_file():
-        return
-    pid = int(pid_file.read_text().split()[0])
-    with suppress(ProcessLookupError):
-        os.kill(pid, 15)
+def _stop(pid_files: list[Path]) -> None:
+    """SIGTERM the daemons the pid files name, all at once, and wait for each to end (SIGKILL past the
+    deadline)."""
+    pids = [int(path.read_text().split()[0]) for path in pid_files if path.is_file()]
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     end = time.monotonic() + START_S
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    with suppress(ProcessLookupError):
-        os.kill(pid, 9)
+    for pid in pids:
+        while _alive(pid) and time.monotonic() < end:
+            time.sleep(0.1)
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @contextmanager
@@ -175,8 +181,7 @@ def running_cluster(folder: Path) -> Iterator[SlurmCluster]:
     finally:
         with suppress(Exception):
             _cancel_all(cluster)
-        for pid_file in (folder / "slurmd.pid", folder / "slurmctld.pid", munge / "pid-file"):
-            _stop(pid_file)
+        _stop([folder / "slurmd.pid", folder / "slurmctld.pid", munge / "pid-file"])
         shutil.rmtree(munge, ignore_errors=True)
 
 

@@ -6,6 +6,8 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -81,6 +83,20 @@ def test_a_compare_through_slurm_reports_what_the_local_launcher_reports(
         assert (out / name).read_bytes() == (local_report / name).read_bytes(), name
 
 
+@contextmanager
+def started(args: list[str], env: dict) -> Iterator[subprocess.Popen]:
+    """A ggpo command running in the background for the block, killed if it outlives it (a failed test)."""
+    process = subprocess.Popen(
+        [GGPO, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
 def _stopped_run(run_dir: Path, other_than: int | None = None) -> psutil.Process | None:
     """The `ggpo train` of ``run_dir`` once it has stopped itself at `STOP_POINT` (None before)."""
     for process in psutil.process_iter(["cmdline", "status"]):
@@ -100,28 +116,23 @@ def test_a_requeued_task_resumes_equal_and_a_cancelled_one_ends_the_compare_in_o
     out = tmp_path / "report"
     args = [*compare_args(hf_pool, "grpo,ggpo", "1", out), "--launcher", "slurm"]
     runs = {name: out / "runs" / name for name in ("grpo-s1", "ggpo-s1")}
-    first = subprocess.Popen(
-        [GGPO, *args],
-        env=slurm_cluster.env(**{STOP_VARIABLE: STOP_POINT}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    stopped = {
-        name: slurm_cluster.wait_for(f"{name} to stop at update 2", lambda run=run: _stopped_run(run))
-        for name, run in runs.items()
-    }
-    tasks = SubmittedTasks.read(out / "slurm").tasks
-    requeued, cancelled = tasks["grpo-s1"], tasks["ggpo-s1"]
-    slurm_cluster.command("scontrol", "requeue", requeued.task_id)
-    slurm_cluster.wait_for(
-        "the requeued task to wait again",
-        lambda: (
-            slurm_cluster.queued().get(requeued.task_id) == "PENDING" and not stopped["grpo-s1"].is_running()
-        ),
-    )
-    slurm_cluster.command("scancel", cancelled.task_id)
-    _, stderr = first.communicate(timeout=600)
+    with started(args, slurm_cluster.env(**{STOP_VARIABLE: STOP_POINT})) as first:
+        stopped = {
+            name: slurm_cluster.wait_for(f"{name} to stop at update 2", lambda run=run: _stopped_run(run))
+            for name, run in runs.items()
+        }
+        tasks = SubmittedTasks.read(out / "slurm").tasks
+        requeued, cancelled = tasks["grpo-s1"], tasks["ggpo-s1"]
+        slurm_cluster.command("scontrol", "requeue", requeued.task_id)
+        slurm_cluster.wait_for(
+            "the requeued task to wait again",
+            lambda: (
+                slurm_cluster.queued().get(requeued.task_id) == "PENDING"
+                and not stopped["grpo-s1"].is_running()
+            ),
+        )
+        slurm_cluster.command("scancel", cancelled.task_id)
+        _, stderr = first.communicate(timeout=600)
     assert first.returncode == 1, stderr
     lines = [line for line in stderr.splitlines() if line.startswith("error:") or "Traceback" in line]
     head = (
@@ -132,20 +143,14 @@ def test_a_requeued_task_resumes_equal_and_a_cancelled_one_ends_the_compare_in_o
     continuing = shlex.split(lines[0].removeprefix(head))
     assert continuing[:2] == ["ggpo", "compare"] and "--launcher" in continuing
 
-    again = subprocess.Popen(
-        [GGPO, *continuing[1:]],
-        env=slurm_cluster.env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    slurm_cluster.command("scontrol", "update", f"JobId={requeued.task_id}", "StartTime=now")
-    # The requeued task keeps the environment it was submitted with: it stops at update 2 again.
-    slurm_cluster.wait_for(
-        "the requeued task to stop at update 2 again",
-        lambda: _stopped_run(runs["grpo-s1"], other_than=stopped["grpo-s1"].pid),
-    ).send_signal(signal.SIGCONT)
-    _, stderr = again.communicate(timeout=600)
+    with started(continuing[1:], slurm_cluster.env()) as again:
+        slurm_cluster.command("scontrol", "update", f"JobId={requeued.task_id}", "StartTime=now")
+        # The requeued task keeps the environment it was submitted with: it stops at update 2 again.
+        slurm_cluster.wait_for(
+            "the requeued task to stop at update 2 again",
+            lambda: _stopped_run(runs["grpo-s1"], other_than=stopped["grpo-s1"].pid),
+        ).send_signal(signal.SIGCONT)
+        _, stderr = again.communicate(timeout=600)
     assert again.returncode == 0, stderr
     after = SubmittedTasks.read(out / "slurm").tasks
     assert after["grpo-s1"] == requeued  # followed, not submitted again

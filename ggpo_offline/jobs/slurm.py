@@ -120,7 +120,10 @@ class TaskCommand:
     def __call__(self) -> None:
         ended = subprocess.run(self.argv, check=False).returncode
         if ended != 0:
-            raise RuntimeError(f"{shlex.join(self.argv[:2])} {how_it_ended(ended)}")
+            # The command's own error line, when it wrote one, comes first in the log: the follower tells it.
+            said = f"{Path(self.argv[0]).name} {self.argv[1]} {how_it_ended(ended)}"
+            print(f"error: {said}", file=sys.stderr, flush=True)
+            raise RuntimeError(said)
 
 
 def task_argv(job: Job) -> list[str]:
@@ -226,7 +229,7 @@ class SlurmLauncher:
             f"launcher: slurm, one job array (a task per job) on partition {self.partition}",
             f"each task: {self.cpus} CPU(s){raised}{gpus}, {memory}, {slurm.time_min} min"
             + "".join(f", {words}" for words in extra)
-            + "; requeued when preempted, resuming where it stopped",
+            + "; submitted with --requeue (a requeued task carries its job on where it stopped)",
             f"logs: {self.folder}/<array id>_<task>_0_log.out; the tasks' ids in {self.folder / JOBS_FILE}",
         ]
 
