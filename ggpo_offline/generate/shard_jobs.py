@@ -1,7 +1,6 @@
 """`ggpo generate-pool --launcher slurm --num-shards K`: the K shards as the jobs of one Slurm array, each the
 `ggpo generate-pool --shard-index i` command a user would type, then validated and merged into --out."""
 
-import json
 import shlex
 import shutil
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from ggpo_offline.core.settings import replace_settings, to_flags
 from ggpo_offline.generate.config import GenerateConfig, validate_generate_config
 from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.jobs.job import JobFailed, OnState, Session
-from ggpo_offline.pool.partial import PROGRESS_FILE, partial_dir
+from ggpo_offline.pool.partial import prompts_stored
 from ggpo_offline.pool.writer import check_output_path
 
 SLURM_FOLDER = "slurm"
@@ -40,12 +39,8 @@ class ShardJob:
         return ["ggpo", "generate-pool", *to_flags(self.config, GenerateConfig)]
 
     def progress(self) -> str:
-        record = partial_dir(self.config.out) / PROGRESS_FILE
-        try:
-            parts = json.loads(record.read_text())["parts"]
-        except (OSError, ValueError, KeyError, TypeError):  # not started, or being replaced
-            return ""
-        return f"{sum(part['prompts_done'] for part in parts)} prompts sampled"
+        stored = prompts_stored(self.config.out)
+        return f"{stored} prompts stored" if stored is not None else ""
 
     def finished(self) -> bool:
         return self.config.out.is_file()
@@ -131,7 +126,9 @@ def _stale_shards(jobs: list[ShardJob]) -> dict[Path, str]:
         info = read_pool_info(job.config.out)
         sampling = job.config.sampling.as_dict()
         written = {**(info.config or {}), **{key: info.raw["sampling"].get(key) for key in sampling}}
-        wanted = json.loads(json.dumps({**recorded_settings(job.config), **sampling}, default=str))
+        wanted = {
+            key: _as_stored(value) for key, value in {**recorded_settings(job.config), **sampling}.items()
+        }
         differing = sorted(
             key for key in wanted.keys() | written.keys() if wanted.get(key) != written.get(key)
         )
@@ -140,3 +137,10 @@ def _stale_shards(jobs: list[ShardJob]) -> dict[Path, str]:
                 f"{job.config.out} was written with other settings ({', '.join(differing)})"
             )
     return stale
+
+
+def _as_stored(value):
+    """A setting's value as the pool's JSON footer gives it back."""
+    if isinstance(value, Path):
+        return str(value)
+    return list(value) if isinstance(value, tuple) else value
