@@ -66,39 +66,61 @@ def local_report(hf_pool, tmp_path_factory) -> Path:
 def test_a_compare_through_slurm_reports_what_the_local_launcher_reports(
     slurm_cluster, hf_pool, local_report, tmp_path
 ):
+    """Submitted with --no-wait, its tasks stopped at their first update (a run folder written to, no
+    checkpoint yet) until the same command follows them: it submits nothing twice, then reports."""
     out = tmp_path / "slurm"
     args = [*compare_args(hf_pool, "grpo,ggpo", "1,2", out), "--launcher", "slurm"]
-    submitted = ggpo(*args, "--no-wait")
+    submitted = ggpo(*args, "--no-wait", env=slurm_cluster.env(**{STOP_VARIABLE: "0:training update 0"}))
     assert submitted.returncode == 0, submitted.stderr
     assert "submitted 4 job(s)" in submitted.stdout
     tasks = SubmittedTasks.read(out / "slurm").tasks
     assert sorted(tasks) == ["ggpo-s1", "ggpo-s2", "grpo-s1", "grpo-s2"]
     assert len({task.task_id.split("_")[0] for task in tasks.values()}) == 1  # one array
+    runs = [out / "runs" / name for name in tasks]
+    slurm_cluster.wait_for("a task to stop at update 0", lambda: any(_stopped_run(run) for run in runs))
 
-    followed = ggpo(*args)  # the same command follows the tasks, then reports
-    assert followed.returncode == 0, followed.stderr
+    log = tmp_path / "follow.log"
+    with started(args, slurm_cluster.env(), stderr=log) as following:
+        slurm_cluster.wait_for(  # past its plan: following the tasks
+            "the compare to follow the tasks",
+            lambda: following.poll() is not None or ": queued" in log.read_text(),
+        )
+        slurm_cluster.wait_for(
+            "the compare to end", lambda: _continue_stopped(runs) or following.poll() is not None
+        )
+    assert following.returncode == 0, log.read_text()
     assert SubmittedTasks.read(out / "slurm").tasks == tasks  # nothing submitted twice
-    assert {f"{name}: done" for name in tasks} <= set(followed.stderr.splitlines())
+    assert {f"{name}: done" for name in tasks} <= set(log.read_text().splitlines())
     for name in REPORT_FILES:
         assert (out / name).read_bytes() == (local_report / name).read_bytes(), name
 
 
+def _continue_stopped(runs: list[Path]) -> bool:
+    """SIGCONT every `ggpo train` of ``runs`` stopped at its stop point; False (the caller waits on)."""
+    for run in runs:
+        stopped = _stopped_run(run)
+        if stopped is not None:
+            stopped.send_signal(signal.SIGCONT)
+    return False
+
+
 @contextmanager
-def started(args: list[str], env: dict) -> Iterator[subprocess.Popen]:
-    """A ggpo command running in the background for the block, killed if it outlives it (a failed test)."""
-    process = subprocess.Popen(
-        [GGPO, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+def started(args: list[str], env: dict, stderr: Path | None = None) -> Iterator[subprocess.Popen]:
+    """A ggpo command running in the background for the block (its stderr piped, or into ``stderr``), killed
+    if it outlives the block (a failed test)."""
+    with open(stderr or os.devnull, "w") as log:
+        error = log if stderr is not None else subprocess.PIPE
+        process = subprocess.Popen([GGPO, *args], env=env, stdout=subprocess.PIPE, stderr=error, text=True)
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
 
 
 def _stopped_run(run_dir: Path, other_than: int | None = None) -> psutil.Process | None:
-    """The `ggpo train` of ``run_dir`` once it has stopped itself at `STOP_POINT` (None before)."""
+    """The `ggpo train` of ``run_dir`` once it has stopped itself at its GGPO_STOP_AT point (None before)."""
     for process in psutil.process_iter(["cmdline", "status"]):
         cmdline = process.info["cmdline"] or []
         if "train" in cmdline and str(run_dir) in cmdline and process.pid != other_than:

@@ -329,14 +329,14 @@ class SlurmLauncher:
         and its own files: done only once the task has left and the job's work is complete."""
         if seen is not None and seen[0] not in ENDED:
             if seen[0] in RUNNING:
-                return JobState("running", job.progress())
+                return JobState("running", _progress(job))
             return JobState("queued", f"({seen[1]})" if seen[1] not in ("None", "") else "")
         if job.finished():
             return JobState("done")
         if _result(task) == "success":  # its files are still on their way here
             first = ended_well_at.setdefault(job.name, time.monotonic())
             if time.monotonic() - first < FILES_S:
-                return JobState("running", job.progress())
+                return JobState("running", _progress(job))
         return JobState("failed", _why_failed(task, seen[0] if seen is not None else None))
 
     def _queue(self, tasks, tolerate_silence: bool) -> dict[str, tuple[str, str]]:
@@ -363,6 +363,14 @@ class SlurmLauncher:
                     "where they were submitted: the same command follows them again"
                 )
             time.sleep(POLL_S)
+
+
+def _progress(job: Job) -> str:
+    """How far the job has come, or "" while what it reads is being written (a line half appended)."""
+    try:
+        return job.progress()
+    except (OSError, ValueError):
+        return ""
 
 
 def _client(command: list[str]) -> subprocess.CompletedProcess:
