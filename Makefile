@@ -35,6 +35,16 @@ $(PROJECT_STAMP): $(ENGINE_STAMP) pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
 
+# Debian's Slurm and munge for the tests' one-node cluster (tests/slurm_cluster.py): installed once where this
+# runs as root with apt-get and they are missing; elsewhere nothing happens and the Slurm tests skip saying why.
+SLURM_STAMP := $(VENV)/.slurm
+$(SLURM_STAMP): $(PROJECT_STAMP)
+	@PATH="$$PATH:/usr/sbin"; if command -v slurmctld >/dev/null && command -v munged >/dev/null; then touch $@; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge \
+	  || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm munge; } && touch $@; \
+	fi
+
 # The compares of `make demo`, `make beyond` and `make corrections` train two runs at a time, one a core
 # (`--jobs 2`: a worker per core keeps its engine from run to run; vLLM's CPU threads pinned to its core).
 JOBS ?= 2
@@ -176,9 +186,10 @@ arc-explain: setup
 # Two pytest workers (pytest-xdist), one a core: most of the suite is process start-ups and single-threaded
 # work. loadgroup: the tests on the session's vLLM engine share one worker (tests/conftest.py), so one engine
 # starts. PASSIVE: a waiting OpenMP thread sleeps instead of spinning on the core the other worker needs
-# (spinning made two workers slower than one). TEST_WORKERS=0 runs the suite in this process.
+# (spinning made two workers slower than one). TEST_WORKERS=0 runs the suite in this process. The Slurm tests
+# share one worker too, which starts the cluster.
 TEST_WORKERS ?= 2
-test: setup
+test: setup $(SLURM_STAMP)
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q -ra --durations=10 -n $(TEST_WORKERS) --dist loadgroup
 
 # Short jobs killed at random moments (a reward worker, generate-pool, a torchrun worker, the evaluation

@@ -43,8 +43,17 @@ def generate_pool(settings: dict) -> None:
     from ggpo_offline.pool.inspect import pool_summary
 
     config = config_from(GenerateConfig, settings)
-    with render.GenerationProgress() as progress:
-        path = run(config, on_batch=progress.update)
+    if config.launch.launcher == "slurm":
+        from ggpo_offline.generate.shard_jobs import ShardsSubmitted, generate_on_slurm
+
+        path = generate_on_slurm(config, render.JobProgress())
+        if isinstance(path, ShardsSubmitted):
+            print(f"submitted {path.jobs} shard job(s); the same command follows them and then merges:")
+            print(f"  {path.command}")
+            return
+    else:
+        with render.GenerationProgress() as progress:
+            path = run(config, on_batch=progress.update)
     render.print_summary(pool_summary(path))
 
 

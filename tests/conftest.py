@@ -1,4 +1,4 @@
-"""Shared fixtures: synthetic pools, the shipped tiny model, and one vLLM engine per test session."""
+"""Shared fixtures: synthetic pools, the shipped tiny model, one vLLM engine and one Slurm per session."""
 
 import os
 import random
@@ -117,9 +117,33 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Under pytest-xdist's loadgroup (make test), every test on the session's vLLM engine runs in one
     # worker: one engine start instead of one per worker.
+    # Likewise every test on the session's Slurm cluster: one worker starts its daemons.
     for item in items:
         if "vllm_engine" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("vllm"))
+        elif "slurm_cluster" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real one-node Slurm on this machine for the session (tests/slurm_cluster.py), named by SLURM_CONF
+    in this process's environment, stopped at the end; skipped, saying why, where it cannot start."""
+    from slurm_cluster import running_cluster, why_no_slurm
+
+    why = why_no_slurm()
+    if why is not None:
+        pytest.skip(why)
+    saved = os.environ.get("SLURM_CONF")
+    with running_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        os.environ["SLURM_CONF"] = str(cluster.conf)
+        try:
+            yield cluster
+        finally:
+            if saved is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = saved
 
 
 @pytest.fixture(scope="session")

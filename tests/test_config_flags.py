@@ -33,6 +33,7 @@ from ggpo_offline.generate.config import GenerateConfig
 from ggpo_offline.generate.datasets import DatasetColumns
 from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.importing.config import ImportConfig
+from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.organism.config import RehearsalModelConfig, StylesConfig, TinyModelConfig
 from ggpo_offline.pool.config import MergeConfig
 from ggpo_offline.train.config import PER_RUN, ScoreConfig, TrainConfig, TrainOptions
@@ -139,9 +140,9 @@ def test_to_flags_leaves_out_a_default_that_follows_the_method(method):
 
 
 def test_generate_config_round_trips_through_its_flags(monkeypatch, capsys):
-    from ggpo_offline.generate import pipeline
+    from ggpo_offline.generate import pipeline, shard_jobs
 
-    values = changed_values(GenerateConfig)
+    values = changed_values(GenerateConfig, skip=tuple(leaves(LaunchConfig)))
     sampling = SamplingSettings(**{f.name: values.pop(f.name) for f in fields(SamplingSettings)})
     columns = DatasetColumns(**{f.name: values.pop(f.name) for f in fields(DatasetColumns)})
     expected = GenerateConfig(**values, sampling=sampling, columns=columns)
@@ -153,6 +154,14 @@ def test_generate_config_round_trips_through_its_flags(monkeypatch, capsys):
     assert run_cli(monkeypatch, capsys, pipeline, "generate_pool", ["generate-pool", *flags]) == [expected]
     short = run_cli(monkeypatch, capsys, pipeline, "generate_pool", ["generate-pool", "-m", "4"])
     assert short == [GenerateConfig(sampling=SamplingSettings(m=4))]
+    # With --launcher slurm the shards are submitted as a job array (each task's --shard-index is its own).
+    launch = {**changed_values(LaunchConfig), "sbatch": ("constraint=a100", "exclusive=")}
+    on_slurm = construct(GenerateConfig, {**leaf_values(expected), **launch, "shard_index": 0})
+    flags = to_flags(on_slurm, GenerateConfig)
+    assert "--launcher" in flags and "--partition" in flags
+    assert run_cli(monkeypatch, capsys, shard_jobs, "generate_on_slurm", ["generate-pool", *flags]) == [
+        on_slurm
+    ]
 
 
 def test_eval_config_round_trips_through_its_flags(monkeypatch, capsys):

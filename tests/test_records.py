@@ -36,6 +36,7 @@ JSON_READERS = {
     "ggpo_offline/compare/ceilings.py": "the --ceilings report of `measure-styles --json`",
     "ggpo_offline/pool/schema.py": "the pool footer (PoolInfo)",
     "ggpo_offline/pool/partial.py": "a partial pool's progress record",
+    "ggpo_offline/jobs/slurm.py": "jobs.json (SubmittedTasks): the Slurm tasks a command submitted",
     "ggpo_offline/importing/jsonl.py": "other tools' rollout rows (JSONL)",
     "ggpo_offline/generate/engines/base.py": "a Hugging Face model's config.json",
     "ggpo_offline/core/model_io.py": "a Hugging Face model's eos_token_id",

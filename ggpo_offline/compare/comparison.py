@@ -217,7 +217,7 @@ def _compare(ready: ComparePlan, report: OnState) -> CompareResult | Submitted:
     with tracking.ending(parent):
         parent.log_params({"methods": ",".join(config.methods), "seeds": ",".join(map(str, config.seeds))})
         parent.log_params({k: v for k, v in shared.to_dict().items() if k not in PER_RUN})
-        _clear_replaced(ready.runs)
+        _clear_replaced(ready.runs, config.rerun)
         for run in planned:
             if run.action == "reuse":
                 report(run.config.run_name, JobState("done", "reused"))
@@ -248,9 +248,12 @@ def _compare(ready: ComparePlan, report: OnState) -> CompareResult | Submitted:
     return CompareResult(report_dir, records, data_plans, parent.run_id, actions, report_data)
 
 
-def _clear_replaced(runs: list[PlannedRun]) -> None:
+def _clear_replaced(runs: list[PlannedRun], rerun: bool) -> None:
     """Empty the folders of the runs --rerun replaces: their jobs then train them from the start (and a
-    requeued one resumes)."""
+    requeued one resumes). A run stopped before its first checkpoint is its job's to start again
+    (--resume-if-any): its Slurm task may still be writing it while a later compare follows it."""
+    if not rerun:
+        return
     for run in runs:
         if run.action == "replace" and run.config.run_dir.exists():
             with one_writer(run.config.run_dir):
@@ -263,7 +266,7 @@ def launcher_for(config: CompareConfig, pool: CheckedPool, engine: Engine | None
     if config.launch.launcher == "slurm":
         from ggpo_offline.jobs.slurm import SlurmLauncher
 
-        return SlurmLauncher(config.launch, config.report_dir / SLURM_FOLDER)
+        return SlurmLauncher(config.launch, config.report_dir / SLURM_FOLDER, config.nproc)
     here = Session(engine)
     here.lend(("pool", pool.path), pool)
     return LocalLauncher(config.jobs, config.nproc, config.report_dir / LOGS_FOLDER, here)

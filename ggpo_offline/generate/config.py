@@ -7,6 +7,7 @@ from ggpo_offline.core.settings import check_choices, setting
 from ggpo_offline.generate.datasets import DatasetColumns
 from ggpo_offline.generate.engines.base import Dtype, EngineName, SamplingSettings
 from ggpo_offline.generate.prompts import Template
+from ggpo_offline.jobs.config import LaunchConfig
 
 DEFAULT_POOL = Path("pools/base.parquet")
 # 500 prompts x 8 responses: the tiny preset uses 160 groups per seed, and `make demo` must fit in 12 min.
@@ -45,6 +46,9 @@ class GenerateConfig:
     num_shards: int = setting(1, "Number of shards n (one job each; see `ggpo pool merge`).")
     tensor_parallel_size: int = setting(1, "vLLM tensor parallelism (GPUs per engine).")
     data_parallel_size: int = setting(1, "vLLM data parallelism (engine replicas).")
+    launch: LaunchConfig = setting(default_factory=LaunchConfig)
+    """Where the shards are generated: ``--launcher slurm`` submits the --num-shards shards as one job array,
+    then merges them into --out (its fields are this config's settings)."""
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -68,6 +72,10 @@ def validate_generate_config(config: GenerateConfig) -> None:
             ),
             (config.tensor_parallel_size >= 1, "--tensor-parallel-size must be >= 1"),
             (config.data_parallel_size >= 1, "--data-parallel-size must be >= 1"),
+            (
+                config.launch.launcher != "slurm" or config.shard_index == 0,
+                "--shard-index is each task's own with --launcher slurm: give --num-shards alone",
+            ),
             (
                 config.engine != "hf" or (config.tensor_parallel_size, config.data_parallel_size) == (1, 1),
                 "--tensor-parallel-size and --data-parallel-size need --engine vllm (the hf engine runs on "

@@ -18,7 +18,7 @@ from ggpo_offline.core.model_io import (
     tokenizer_sha256,
     weights_sha256,
 )
-from ggpo_offline.core.settings import leaf_values
+from ggpo_offline.core.settings import leaf_values, leaves
 from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig, validate_generate_config
 from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
 from ggpo_offline.generate.engines import Engine, load_engine
@@ -33,6 +33,7 @@ from ggpo_offline.generate.rollout import (
     reward_description,
     sample_and_score,
 )
+from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.pool.info import (
     PoolCounts,
     PoolDataset,
@@ -376,12 +377,14 @@ def _footer(
             tokens=progress.tokens,
             truncated=progress.truncated,
         ),
-        config={k: v for k, v in _settings_record(config).items() if k not in ("out", "overwrite")},
+        config=recorded_settings(config),
     )
 
 
-def _settings_record(config: GenerateConfig) -> dict:
+def recorded_settings(config: GenerateConfig) -> dict:
     """The settings of the pool's ``config`` record: every one but the sampling settings (recorded apart),
+    where the pool is written and where it was generated (the launcher's: the same pool wherever it ran),
     flat as the flags name them."""
-    sampling = {field.name for field in dataclasses.fields(config.sampling)}
-    return {name: value for name, value in leaf_values(config).items() if name not in sampling}
+    left_out = {field.name for field in dataclasses.fields(config.sampling)} | {"out", "overwrite"}
+    left_out |= set(leaves(LaunchConfig))
+    return {name: value for name, value in leaf_values(config).items() if name not in left_out}

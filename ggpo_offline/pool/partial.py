@@ -50,6 +50,16 @@ def _differences(old: dict, new: dict) -> list[str]:
     return differing
 
 
+def prompts_stored(out: Path) -> int | None:
+    """How many prompts the interrupted or running generate-pool writing ``out`` has stored (None: no record
+    yet, or one being replaced)."""
+    try:
+        parts = json.loads((partial_dir(Path(out)) / PROGRESS_FILE).read_text())["parts"]
+        return sum(part["prompts_done"] for part in parts)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class PartialRun:
     """The completed batches of one generate-pool command, kept until its pool is written.
 
