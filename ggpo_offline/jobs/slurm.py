@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from filelock import FileLock, Timeout
 
-from ggpo_offline.core.errors import UserError, how_it_ended, one_line, writing
+from ggpo_offline.core.errors import UserError, how_it_ended, one_line, replacing, writing
 from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.jobs.job import Job, JobFailed, JobState, OnState
 
@@ -86,11 +86,8 @@ class SubmittedTasks:
 
     def write(self, folder: Path) -> None:
         """Written whole or not at all: a command killed while writing leaves the previous record."""
-        path = Path(folder) / JOBS_FILE
-        temporary = path.with_name(f".{path.name}.tmp")
-        with writing(path):
+        with replacing(Path(folder) / JOBS_FILE) as temporary:
             temporary.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-            os.replace(temporary, path)
 
     @classmethod
     def read(cls, folder: Path) -> "SubmittedTasks":
