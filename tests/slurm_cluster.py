@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PARTITION = "debug"
-BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "munged")
+BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "srun", "scancel", "munged")
 MUNGE_KEY = Path("/etc/munge/munge.key")
 START_S = 120.0
 """How long the daemons may take to come up (or the jobs to end at the stop) on a loaded machine."""

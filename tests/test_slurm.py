@@ -36,18 +36,8 @@ POOL_FLAGS += ["--reward-workers", "0"]
 
 
 def compare_args(pool: Path, methods: str, seeds: str, out: Path) -> list[str]:
-    return [
-        "compare",
-        "--pool",
-        str(pool),
-        "--methods",
-        methods,
-        "--seeds",
-        seeds,
-        *SETTINGS,
-        "--out",
-        str(out),
-    ]
+    runs = ["--pool", str(pool), "--methods", methods, "--seeds", seeds]
+    return ["compare", *runs, *SETTINGS, "--out", str(out)]
 
 
 def ggpo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -186,7 +176,7 @@ def test_a_requeued_task_resumes_equal_and_a_cancelled_one_ends_the_compare_in_o
 
 
 def test_no_controller_an_unknown_partition_or_no_slurm_is_refused_in_one_line_before_any_write(
-    slurm_cluster, hf_pool, tmp_path
+    slurm_cluster, hf_pool, tmp_path, monkeypatch
 ):
     dead = tmp_path / "dead.conf"  # the cluster's conf, its controller's port one nobody listens on
     lines = slurm_cluster.conf.read_text().splitlines()
@@ -226,13 +216,9 @@ def test_no_controller_an_unknown_partition_or_no_slurm_is_refused_in_one_line_b
         "Slurm refuses the tasks' resources (--partition=debug --cpus-per-task=1024): Requested node "
         "configuration is not available"
     )
-    saved = os.environ["PATH"]
-    os.environ["PATH"] = str(Path(sys.executable).parent)
-    try:
-        with pytest.raises(UserError, match=r"^Slurm is not installed here: sbatch, squeue, sinfo, scontrol"):
-            launcher()
-    finally:
-        os.environ["PATH"] = saved
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    with pytest.raises(UserError, match=r"^Slurm is not installed here: sbatch, squeue, sinfo, scontrol"):
+        launcher()
     assert not (tmp_path / "jobs").exists()
 
 
