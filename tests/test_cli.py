@@ -220,10 +220,10 @@ def test_compare_command_reports_and_refuses_bad_input(vllm_pool, tmp_path):
     fingerprint = json.loads((out / "runs" / "ggpo-s3" / "result.json").read_text())["data_order_fingerprint"]
     assert f"seed 3: data-order fingerprint {fingerprint} shared by all 2 runs" in result.stdout
     assert "| update | GRPO | GGPO |" in result.stdout and f"report: {out}/README.md" in result.stdout
-    assert "[1/2] grpo-s3: training" in result.stderr
+    assert "grpo-s3: queued\ngrpo-s3: running\n" in result.stderr and "ggpo-s3: done\n" in result.stderr
 
     again = ggpo_here(*args, cwd=tmp_path)
-    assert again.returncode == 0 and "[2/2] ggpo-s3: reusing" in again.stderr
+    assert again.returncode == 0 and "ggpo-s3: done reused" in again.stderr
     # Changed settings and a folder of the user's own are refused in-process (test_compare).
 
 

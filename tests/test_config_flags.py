@@ -62,7 +62,7 @@ SPECIAL = {
     "pool": Path("elsewhere/p.parquet"), "out": Path("run/x"), "method": "grpo-tis", "ref_refresh": 7,
     "eval_gpu_memory_fraction": 0.6, "gpu_memory_fraction": 0.6, "eval_datasets": ("a.jsonl", "arith:train"),
     "datasets": ("a.jsonl", "arith:train"), "methods": ("grpo", "ggpo"), "seeds": (3, 5), "top_p": 0.5,
-    "shard_index": 1, "num_shards": 3, "preset": "tiny",
+    "shard_index": 1, "num_shards": 3, "preset": "tiny", "sbatch": ("constraint=a100", "exclusive="),
 }  # fmt: skip
 
 
@@ -122,7 +122,7 @@ def test_every_train_field_is_a_flag_and_a_config_file_key(tmp_path, monkeypatch
     expected = construct(TrainConfig, values)
     flags = to_flags(expected, TrainConfig)
     assert len([word for word in flags if word.startswith("--")]) == len(values) + 2  # 2 eval, 2 test sets
-    no_pool = SimpleNamespace(inputs=SimpleNamespace(pool=None))  # the plan's checks need no pool here
+    no_pool = SimpleNamespace(action="train", inputs=SimpleNamespace(pool=None))  # its checks need no pool
     monkeypatch.setattr(dry_run, "plan_run", lambda config, **how: no_pool)
     assert run_cli(monkeypatch, capsys, trainer, "train", ["train", *flags]) == [expected]
 
@@ -189,8 +189,9 @@ def test_compare_config_round_trips_through_its_flags(monkeypatch, capsys):
     }
     # --budget resolves into seeds and sizes before compare runs (tests/test_budget.py) and --dry-run stops
     # before it (tests/test_dry_run.py); not set here
-    planned = ("settings", "budget", "budget_from", "dry_run")
-    expected = CompareConfig(**changed_values(CompareConfig, planned), settings=settings)
+    # --jobs is local's: with every launch setting changed (--launcher slurm), it keeps its default
+    planned = ("settings", "budget", "budget_from", "dry_run", "jobs")
+    expected = construct(CompareConfig, {**changed_values(CompareConfig, planned), "settings": settings})
     listed = tuple(name for name in leaves(CompareConfig) if name not in (*planned, "out", "rerun"))
     flags = to_flags(expected, CompareConfig, only=listed) + to_flags(
         expected.settings, TrainConfig
@@ -199,7 +200,8 @@ def test_compare_config_round_trips_through_its_flags(monkeypatch, capsys):
     [received] = run_cli(monkeypatch, capsys, comparison, "compare", ["compare", *flags])
     # the CLI hands the training flags on as given ("1,2"); resolve_config converts them for every run
     assert replace(received, settings=normalize(TrainConfig, received.settings, "flags")) == expected
-    assert comparison_readme.reproduce_command(expected).split()[2:] == flags[:-1]  # --rerun: not a setting
+    reproduced = comparison_readme.reproduce_command(expected, launch=True).split()[2:]
+    assert sorted(reproduced) == sorted(flags[:-1])  # --rerun: not a setting
 
 
 def _help_of(path: str) -> tuple:
