@@ -220,7 +220,8 @@ def test_compare_command_reports_and_refuses_bad_input(vllm_pool, tmp_path):
     fingerprint = json.loads((out / "runs" / "ggpo-s3" / "result.json").read_text())["data_order_fingerprint"]
     assert f"seed 3: data-order fingerprint {fingerprint} shared by all 2 runs" in result.stdout
     assert "| update | GRPO | GGPO |" in result.stdout and f"report: {out}/README.md" in result.stdout
-    assert "grpo-s3: queued\ngrpo-s3: running\n" in result.stderr and "ggpo-s3: done\n" in result.stderr
+    assert "grpo-s3: queued\nggpo-s3: queued\ngrpo-s3: running\n" in result.stderr
+    assert result.stderr.endswith("ggpo-s3: done\n")
 
     again = ggpo_here(*args, cwd=tmp_path)
     assert again.returncode == 0 and "ggpo-s3: done reused" in again.stderr
