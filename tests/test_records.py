@@ -93,13 +93,13 @@ def test_run_settings_write_the_bytes_of_config_json_and_read_back(tmp_path):
     assert RunSettings.read(tmp_path / "never-started") == RunSettings({})
 
 
-def test_run_result_round_trips_and_stamps_a_finished_run(tmp_path):
-    assert RunResult.finished_stamp(tmp_path) is None and not RunFolder(tmp_path).is_finished()
+def test_run_result_round_trips_and_marks_the_run_finished(tmp_path):
+    assert not RunFolder(tmp_path).is_finished()
     result = RunResult(run_id=None, pool_fingerprint="p", updates=4, final_model="final", selected_update=2)
     result.write(tmp_path)
     assert RunResult.read(tmp_path) == result and RunFolder(tmp_path).read_result() == result
     assert (tmp_path / RESULT_FILE).read_text() == json.dumps(result.to_dict(), indent=2) + "\n"
-    assert RunResult.finished_stamp(tmp_path) == (tmp_path / RESULT_FILE).stat().st_mtime_ns
+    assert RunFolder(tmp_path).is_finished()
 
 
 MANIFEST = """{

@@ -159,10 +159,3 @@ class RunResult:
     @classmethod
     def read(cls, run_dir: Path) -> "RunResult":
         return cls.from_dict(json.loads((Path(run_dir) / RESULT_FILE).read_text()))
-
-    @staticmethod
-    def finished_stamp(run_dir: Path) -> int | None:
-        """When the run finished (result.json's mtime in ns), None while it is not: tells a run that another
-        compare finished meanwhile."""
-        path = Path(run_dir) / RESULT_FILE
-        return path.stat().st_mtime_ns if path.is_file() else None
