@@ -1,7 +1,6 @@
 """`ggpo compare`: the data-plan check, run reuse, and the report from a real pool (tables: test_report)."""
 
 import csv
-import itertools
 import json
 import os
 import re
@@ -264,45 +263,20 @@ def test_a_second_compare_on_a_report_folder_in_use_is_refused(vllm_pool, vllm_e
     assert updates == [sorted(set(u)) for u in updates] and all(u[-1] == 2 for u in updates)  # each once
 
 
-def test_two_workers_give_the_report_of_one(vllm_pool, tmp_path):
-    """--jobs 2 trains the runs in two worker processes, each pinned to a core and keeping its engine from
-    run to run: the report's files equal those of `ggpo compare` training them one after the other in its
-    own process, byte for byte, and each worker's run has its output in its log. (This test's process holds
-    the session's engine, which binds torch's threads: the one-process reference runs as a user runs it.)"""
-    settings = {**TWO_UPDATES, "threads": 1}
-    runs = {"pool": vllm_pool, "methods": ("grpo", "ggpo"), "seeds": (1,), "preset": "tiny"}
-    two = tmp_path / "two"
-    states = []
-    result = compare(
-        CompareConfig(**runs, settings=settings, out=two, jobs=2),
-        report=lambda name, state: states.append((name, state.status)),
-    )
-    one = tmp_path / "one"
-    flags = to_flags(runs, CompareConfig) + to_flags(settings, TrainConfig)
-    done = ggpo("compare", *flags, "--out", str(one))
-    assert done.returncode == 0, done.stderr
-    for name in ("counts.json", "table.md", "table.csv", "diagnostics.csv"):
-        assert (two / name).read_bytes() == (one / name).read_bytes(), name
-    assert sorted(result.actions) == ["ggpo-s1", "grpo-s1"]
-    for run in result.actions:  # each run queued, running (its updates told as it goes), done
-        told = [status for status, _ in itertools.groupby(s for n, s in states if n == run)]
-        assert told == ["queued", "running", "done"]
-        log = (two / "logs" / f"{run}.log").read_text()
-        assert log.startswith("$ ggpo train ") and log.endswith(f"{run}: done\n")
-        assert f"{run}: running update 2/2\n" in log
-
-
-def test_a_job_whose_worker_dies_ends_the_compare_with_one_line_and_the_same_command_continues(
+def test_two_workers_give_the_report_of_one_and_a_killed_one_is_one_line_whose_command_continues(
     vllm_pool, tmp_path
 ):
-    """`ggpo compare --jobs 2` as a user runs it: both workers stop at update 1 (GGPO_STOP_AT), one is
-    killed. The compare ends with one line naming the run, its log and the command that continues; that
-    command then finishes every run, each update once."""
-    out = tmp_path / "r"
-    runs = ["--pool", str(vllm_pool), "--methods", "grpo", "--seeds", "1,2", "--preset", "tiny"]
-    flags = [*runs, *to_flags({**TWO_UPDATES, "threads": 1}, TrainConfig), "--out", str(out), "--jobs", "2"]
+    """`ggpo compare --jobs 2` as a user runs it, each worker pinned to a core: both stop at update 1
+    (GGPO_STOP_AT), one is killed. The compare ends with one line naming the run, its log and the command
+    that continues; that command finishes every run, each update once, and the report's files equal those of
+    one `ggpo compare` process training the runs one after the other, byte for byte. (The hf evaluation
+    engine: what is tested is the launcher, and a worker starts it in a second.)"""
+    settings = to_flags({**TWO_UPDATES, "threads": 1, "eval_engine": "hf", "no_test": True}, TrainConfig)
+    runs = ["--pool", str(vllm_pool), "--methods", "grpo,ggpo", "--seeds", "1", "--preset", "tiny", *settings]
+    out = tmp_path / "two"
     stop = {**os.environ, STOP_VARIABLE: "0:training update 1"}
-    job = subprocess.Popen([*GGPO, "compare", *flags], env=stop, stderr=subprocess.PIPE, text=True)
+    two_jobs = [*GGPO, "compare", *runs, "--out", str(out), "--jobs", "2"]
+    job = subprocess.Popen(two_jobs, env=stop, stderr=subprocess.PIPE, text=True)
     stopped = []
     while job.poll() is None and not stopped:
         stopped = [w for w in psutil.Process(job.pid).children() if w.status() == psutil.STATUS_STOPPED]
@@ -312,14 +286,25 @@ def test_a_job_whose_worker_dies_ends_the_compare_with_one_line_and_the_same_com
     assert job.returncode == 1 and "Traceback" not in stderr
     line = stderr.strip().splitlines()[-1]
     named = re.fullmatch(
-        rf"error: run (grpo-s[12]) failed: its worker process was killed by signal 9 \(SIGKILL\); its log: "
-        rf"{re.escape(str(out))}/logs/\1\.log; the same command continues: (.*)",
+        rf"error: run ((?:grpo|ggpo)-s1) failed: its worker process was killed by signal 9 \(SIGKILL\); "
+        rf"its log: {re.escape(str(out))}/logs/\1\.log; the same command continues: (.*)",
         line,
     )
     assert named, line
     command = shlex.split(named[2])  # the line's own command, as the user would paste it
     assert command[:2] == ["ggpo", "compare"] and "--jobs" in command
-    assert ggpo(*command[1:]).returncode == 0
-    for run in ("grpo-s1", "grpo-s2"):
+    continued = ggpo(*command[1:])
+    assert continued.returncode == 0, continued.stderr
+    for run in ("grpo-s1", "ggpo-s1"):
         updates = [record["update"] for record in RunFolder(out / "runs" / run).read_metrics()]
         assert updates == sorted(set(updates)) and updates[-1] == 2
+        assert f"{run}: done" in continued.stderr.splitlines()
+        log = (out / "logs" / f"{run}.log").read_text()  # each job's output, appended to when it runs again
+        assert log.startswith("$ ggpo train ") and log.endswith(f"{run}: done\n")
+        assert f"{run}: running update 2/2\n" in log
+
+    one = tmp_path / "one"
+    done = ggpo("compare", *runs, "--out", str(one))
+    assert done.returncode == 0, done.stderr
+    for name in ("counts.json", "table.md", "table.csv", "diagnostics.csv"):
+        assert (out / name).read_bytes() == (one / name).read_bytes(), name

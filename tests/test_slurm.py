@@ -46,28 +46,34 @@ def ggpo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def local_report(hf_pool, tmp_path_factory) -> Path:
-    """The 2-method x 2-seed compare trained by the local launcher, as a user types it."""
+    """The two runs' compare trained by the local launcher, as a user types it."""
     out = tmp_path_factory.mktemp("local") / "report"
-    result = ggpo(*compare_args(hf_pool, "grpo,ggpo", "1,2", out))
+    result = ggpo(*compare_args(hf_pool, "grpo,ggpo", "1", out))
     assert result.returncode == 0, result.stderr
     return out
 
 
-def test_a_compare_through_slurm_reports_what_the_local_launcher_reports(
+def test_a_compare_through_slurm_follows_requeued_tasks_and_reports_what_the_local_launcher_reports(
     slurm_cluster, hf_pool, local_report, tmp_path
 ):
-    """Submitted with --no-wait, its tasks stopped at their first update (a run folder written to, no
-    checkpoint yet) until the same command follows them: it submits nothing twice, then reports."""
+    """Submitted with --no-wait, both tasks stop themselves at update 2. The same command follows them,
+    submitting nothing twice; one task is requeued, the other cancelled: the compare ends with the cancelled
+    run's line, and the command it names follows the requeued task (resumed from its checkpoint) and submits
+    the cancelled run again. The report and both runs equal the local launcher's, byte for byte."""
     out = tmp_path / "slurm"
-    args = [*compare_args(hf_pool, "grpo,ggpo", "1,2", out), "--launcher", "slurm"]
-    submitted = ggpo(*args, "--no-wait", env=slurm_cluster.env(**{STOP_VARIABLE: "0:training update 0"}))
+    args = [*compare_args(hf_pool, "grpo,ggpo", "1", out), "--launcher", "slurm"]
+    submitted = ggpo(*args, "--no-wait", env=slurm_cluster.env(**{STOP_VARIABLE: STOP_POINT}))
     assert submitted.returncode == 0, submitted.stderr
-    assert "submitted 4 job(s)" in submitted.stdout
+    assert "submitted 2 job(s)" in submitted.stdout
     tasks = SubmittedTasks.read(out / "slurm").tasks
-    assert sorted(tasks) == ["ggpo-s1", "ggpo-s2", "grpo-s1", "grpo-s2"]
+    assert sorted(tasks) == ["ggpo-s1", "grpo-s1"]
     assert len({task.task_id.split("_")[0] for task in tasks.values()}) == 1  # one array
-    runs = [out / "runs" / name for name in tasks]
-    slurm_cluster.wait_for("a task to stop at update 0", lambda: any(_stopped_run(run) for run in runs))
+    runs = {name: out / "runs" / name for name in tasks}
+    stopped = {
+        name: slurm_cluster.wait_for(f"{name} to stop at update 2", lambda run=run: _stopped_run(run))
+        for name, run in runs.items()
+    }
+    requeued, cancelled = tasks["grpo-s1"], tasks["ggpo-s1"]
 
     log = tmp_path / "follow.log"
     with started(args, slurm_cluster.env(), stderr=log) as following:
@@ -75,23 +81,49 @@ def test_a_compare_through_slurm_reports_what_the_local_launcher_reports(
             "the compare to follow the tasks",
             lambda: following.poll() is not None or ": queued" in log.read_text(),
         )
+        assert SubmittedTasks.read(out / "slurm").tasks == tasks  # nothing submitted twice
+        slurm_cluster.command("scontrol", "requeue", requeued.task_id)
         slurm_cluster.wait_for(
-            "the compare to end", lambda: _continue_stopped(runs) or following.poll() is not None
+            "the requeued task to wait again",
+            lambda: (
+                slurm_cluster.queued().get(requeued.task_id) == "PENDING"
+                and not stopped["grpo-s1"].is_running()
+            ),
         )
-    assert following.returncode == 0, log.read_text()
-    assert SubmittedTasks.read(out / "slurm").tasks == tasks  # nothing submitted twice
-    assert {f"{name}: done" for name in tasks} <= set(log.read_text().splitlines())
+        slurm_cluster.command("scancel", cancelled.task_id)
+        following.wait(timeout=600)
+    stderr = log.read_text()
+    assert following.returncode == 1, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("error:") or "Traceback" in line]
+    head = (
+        f"error: run ggpo-s1 failed: Slurm task {cancelled.task_id} was cancelled (CANCELLED); its log: "
+        f"{cancelled.log}; the same command continues: "
+    )
+    assert len(lines) == 1 and lines[0].startswith(head), stderr
+    continuing = shlex.split(lines[0].removeprefix(head))
+    assert continuing[:2] == ["ggpo", "compare"] and "--launcher" in continuing
+
+    with started(continuing[1:], slurm_cluster.env()) as again:
+        slurm_cluster.command("scontrol", "update", f"JobId={requeued.task_id}", "StartTime=now")
+        # The requeued task keeps the environment it was submitted with: it stops at update 2 again.
+        slurm_cluster.wait_for(
+            "the requeued task to stop at update 2 again",
+            lambda: _stopped_run(runs["grpo-s1"], other_than=stopped["grpo-s1"].pid),
+        ).send_signal(signal.SIGCONT)
+        _, stderr = again.communicate(timeout=600)
+    assert again.returncode == 0, stderr
+    assert {f"{name}: done" for name in tasks} <= set(stderr.splitlines())
+    after = SubmittedTasks.read(out / "slurm").tasks
+    assert after["grpo-s1"] == requeued  # followed, not submitted again
+    assert after["ggpo-s1"].task_id != cancelled.task_id  # ended unfinished: submitted again
+    assert Path(requeued.log).read_text().count("Starting with JobEnvironment") == 2  # one log, appended to
     for name in REPORT_FILES:
         assert (out / name).read_bytes() == (local_report / name).read_bytes(), name
-
-
-def _continue_stopped(runs: list[Path]) -> bool:
-    """SIGCONT every `ggpo train` of ``runs`` stopped at its stop point; False (the caller waits on)."""
-    for run in runs:
-        stopped = _stopped_run(run)
-        if stopped is not None:
-            stopped.send_signal(signal.SIGCONT)
-    return False
+    for name, run in runs.items():
+        local = local_report / "runs" / name
+        assert (run / "metrics.jsonl").read_bytes() == (local / "metrics.jsonl").read_bytes(), name
+        weights = Path("final") / "model.safetensors"
+        assert (run / weights).read_bytes() == (local / weights).read_bytes(), name
 
 
 @contextmanager
@@ -117,62 +149,6 @@ def _stopped_run(run_dir: Path, other_than: int | None = None) -> psutil.Process
             if process.info["status"] == psutil.STATUS_STOPPED:
                 return process
     return None
-
-
-def test_a_requeued_task_resumes_equal_and_a_cancelled_one_ends_the_compare_in_one_line(
-    slurm_cluster, hf_pool, local_report, tmp_path
-):
-    """Both tasks stop themselves at update 2; one is requeued, the other cancelled: the compare ends with
-    the cancelled run's line, and the command it names follows the requeued task (resumed from its
-    checkpoint) and submits the cancelled run again; both runs end as the local launcher's."""
-    out = tmp_path / "report"
-    args = [*compare_args(hf_pool, "grpo,ggpo", "1", out), "--launcher", "slurm"]
-    runs = {name: out / "runs" / name for name in ("grpo-s1", "ggpo-s1")}
-    with started(args, slurm_cluster.env(**{STOP_VARIABLE: STOP_POINT})) as first:
-        stopped = {
-            name: slurm_cluster.wait_for(f"{name} to stop at update 2", lambda run=run: _stopped_run(run))
-            for name, run in runs.items()
-        }
-        tasks = SubmittedTasks.read(out / "slurm").tasks
-        requeued, cancelled = tasks["grpo-s1"], tasks["ggpo-s1"]
-        slurm_cluster.command("scontrol", "requeue", requeued.task_id)
-        slurm_cluster.wait_for(
-            "the requeued task to wait again",
-            lambda: (
-                slurm_cluster.queued().get(requeued.task_id) == "PENDING"
-                and not stopped["grpo-s1"].is_running()
-            ),
-        )
-        slurm_cluster.command("scancel", cancelled.task_id)
-        _, stderr = first.communicate(timeout=600)
-    assert first.returncode == 1, stderr
-    lines = [line for line in stderr.splitlines() if line.startswith("error:") or "Traceback" in line]
-    head = (
-        f"error: run ggpo-s1 failed: Slurm task {cancelled.task_id} was cancelled (CANCELLED); its log: "
-        f"{cancelled.log}; the same command continues: "
-    )
-    assert len(lines) == 1 and lines[0].startswith(head), stderr
-    continuing = shlex.split(lines[0].removeprefix(head))
-    assert continuing[:2] == ["ggpo", "compare"] and "--launcher" in continuing
-
-    with started(continuing[1:], slurm_cluster.env()) as again:
-        slurm_cluster.command("scontrol", "update", f"JobId={requeued.task_id}", "StartTime=now")
-        # The requeued task keeps the environment it was submitted with: it stops at update 2 again.
-        slurm_cluster.wait_for(
-            "the requeued task to stop at update 2 again",
-            lambda: _stopped_run(runs["grpo-s1"], other_than=stopped["grpo-s1"].pid),
-        ).send_signal(signal.SIGCONT)
-        _, stderr = again.communicate(timeout=600)
-    assert again.returncode == 0, stderr
-    after = SubmittedTasks.read(out / "slurm").tasks
-    assert after["grpo-s1"] == requeued  # followed, not submitted again
-    assert after["ggpo-s1"].task_id != cancelled.task_id  # ended unfinished: submitted again
-    assert Path(requeued.log).read_text().count("Starting with JobEnvironment") == 2  # one log, appended to
-    for name, run in runs.items():
-        local = local_report / "runs" / name
-        assert (run / "metrics.jsonl").read_bytes() == (local / "metrics.jsonl").read_bytes(), name
-        weights = Path("final") / "model.safetensors"
-        assert (run / weights).read_bytes() == (local / weights).read_bytes(), name
 
 
 def test_no_controller_an_unknown_partition_or_no_slurm_is_refused_in_one_line_before_any_write(
