@@ -213,7 +213,7 @@ def test_every_library_package_is_listed_for_installation():
 def test_compare_command_reports_and_refuses_bad_input(vllm_pool, tmp_path):
     out = tmp_path / "report"
     args = ["compare", "--pool", str(vllm_pool), "--methods", "grpo,ggpo", "--seeds", "3", "--updates", "2"]
-    args += ["--groups-per-batch", "2", "--eval-every", "2", "--eval-n", "2", "--eval-k", "1,2"]
+    args += ["--groups-per-batch", "2", "--eval-every", "2", "--eval-n", "2", "--eval-k", "1,2", "--no-test"]
     args += ["--eval-num-problems", "4", "--eval-engine", "hf", "--no-tracking", "--out", str(out)]
     result = ggpo(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -106,7 +106,7 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
         "eval_every": 2,
         "eval_n": 4,
         "eval_num_problems": 8,
-        "test_num_problems": 8,
+        "no_test": True,  # the test split's table: test_report
         "eval_ks": (1, 2, 4),
         "tracking_uri": uri,
     }
@@ -217,9 +217,10 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     with monkeypatch.context() as guard:
         guard.setattr(TrainJob, "run", _refuse("TrainJob.run"))
         assert compare(config, engine=vllm_engine).actions["grpo-s1"] == "reuse"
-    rerun = compare(replace(config, seeds=(1,), rerun=True), engine=vllm_engine)  # one seed's runs suffice
-    assert rerun.actions == {"grpo-s1": "replace", "ggpo-s1": "replace"}
-    assert [r.metrics for r in rerun.records] == [r.metrics for r in result.records if r.seed == 1]
+    rerun = compare(replace(config, methods=("grpo",), seeds=(1,), rerun=True), engine=vllm_engine)
+    assert rerun.actions == {"grpo-s1": "replace"}
+    first = next(r for r in result.records if (r.method, r.seed) == ("grpo", 1))
+    assert [r.metrics for r in rerun.records] == [first.metrics]
 
 
 TWO_UPDATES = {
@@ -228,7 +229,7 @@ TWO_UPDATES = {
     "eval_every": 2,
     "eval_n": 2,
     "eval_num_problems": 4,
-    "test_num_problems": 4,
+    "no_test": True,
     "no_tracking": True,
 }
 
@@ -271,7 +272,7 @@ def test_two_workers_give_the_report_of_one_and_a_killed_one_is_one_line_whose_c
     that continues; that command finishes every run, each update once, and the report's files equal those of
     one `ggpo compare` process training the runs one after the other, byte for byte. (The hf evaluation
     engine: what is tested is the launcher, and a worker starts it in a second.)"""
-    settings = to_flags({**TWO_UPDATES, "threads": 1, "eval_engine": "hf", "no_test": True}, TrainConfig)
+    settings = to_flags({**TWO_UPDATES, "threads": 1, "eval_engine": "hf"}, TrainConfig)
     runs = ["--pool", str(vllm_pool), "--methods", "grpo,ggpo", "--seeds", "1", "--preset", "tiny", *settings]
     out = tmp_path / "two"
     stop = {**os.environ, STOP_VARIABLE: "0:training update 1"}

@@ -106,7 +106,7 @@ def test_compare_trains_each_run_with_torchrun_as_one_process_does(vllm_pool, on
     flags = _flags(_config(vllm_pool, tmp_path))
     flags = [f for f in flags[: flags.index("--out")] if f not in ("--method", "ggpo")]
     evaluation = ["--eval-engine", "hf", "--eval-every", "4", "--eval-n", "2", "--eval-num-problems", "4",
-                  "--test-num-problems", "4", "--threads", "1"]  # fmt: skip
+                  "--no-test", "--threads", "1"]  # fmt: skip
     command = [GGPO, "compare", "--methods", "ggpo", "--seeds", "42", "--nproc", "2", *flags, *evaluation]
     done = subprocess.run(
         [*command, "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=1800
