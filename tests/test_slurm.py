@@ -215,7 +215,9 @@ def test_generate_pool_through_slurm_merges_the_shards_the_local_commands_write(
         [sys.executable, "-c", script, *POOL_FLAGS], capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr
-    assert pq.read_table(out).equals(pq.read_table(local))
+    merged, made_here = pq.read_table(out), pq.read_table(local)
+    assert merged.schema == made_here.schema and merged.num_rows == made_here.num_rows
+    assert [c for c in merged.column_names if not merged[c].equals(made_here[c])] == []  # names what differs
     footers = [read_pool_info(path).raw for path in (out, local)]
     for footer in footers:
         footer.pop("created"), footer.pop("generation_seconds")
