@@ -11,8 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import synthetic_footer, synthetic_rows, write_synthetic_pool
 
-from ggpo_offline.core.errors import UserError
-from ggpo_offline.evaluate.report import write_json
+from ggpo_offline.core.errors import UserError, write_json
 from ggpo_offline.pool.validate import validate_pool
 from ggpo_offline.pool.writer import PoolWriter
 from ggpo_offline.train import checkpoint

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ggpo_offline.core.errors import UserError, replacing
+from ggpo_offline.core.errors import UserError, write_json
 from ggpo_offline.train.run_records import RunId
 
 MARKER = "compare.json"
@@ -70,8 +70,7 @@ class CompareManifest:
         )
 
     def write(self, report_dir: Path) -> None:
-        with replacing(Path(report_dir) / MARKER) as tmp:
-            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(self.to_dict(), Path(report_dir) / MARKER)
 
     @classmethod
     def read(cls, report_dir: Path) -> "CompareManifest":

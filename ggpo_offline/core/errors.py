@@ -1,6 +1,7 @@
 """The one exception type for bad user input or environment, and helpers that keep its message one line
 (and a failed write from leaving a half-written file)."""
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +49,15 @@ def replacing(path: Path | str) -> Iterator[Path]:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+
+def write_json(data: dict, path: Path) -> None:
+    """``data`` as indented JSON through `replacing`: no half-written file is left, and an earlier one
+    survives a failed write (disk full, folder not writable: a UserError naming ``path``)."""
+    text = json.dumps(data, indent=2) + "\n"
+    with replacing(path) as tmp:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
 
 
 class JobFailure(UserError):

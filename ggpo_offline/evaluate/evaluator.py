@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ggpo_offline import __version__
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import UserError, write_json
 from ggpo_offline.core.model_io import (
     load_tokenizer,
     model_name,
@@ -16,7 +16,7 @@ from ggpo_offline.core.model_io import (
 )
 from ggpo_offline.evaluate.config import DEFAULT_ARITH_PROBLEMS, EvalConfig
 from ggpo_offline.evaluate.generated import GeneratedText, PoolSupport
-from ggpo_offline.evaluate.report import EvalReport, check_report_path, write_json
+from ggpo_offline.evaluate.report import EvalReport, check_report_path
 from ggpo_offline.evaluate.scores import aggregate, reported_ks
 from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
 from ggpo_offline.generate.engines import Engine, SamplingSettings, load_engine

@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggpo_offline.core.errors import UserError, replacing
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.evaluate.scores import BenchmarkScores, Scores
 
 
@@ -66,12 +66,3 @@ def check_report_path(path: Path, overwrite: bool) -> None:
         raise UserError(f"{path} is a directory; give a .json file path for --out")
     if path.exists() and not overwrite:
         raise UserError(f"{path} already exists; pass --overwrite to replace it")
-
-
-def write_json(report: dict, path: Path) -> None:
-    """Write through a temporary file renamed into place, so no half-written report is left and an earlier
-    one survives a failed write (disk full, folder not writable: a UserError naming ``path``)."""
-    text = json.dumps(report, indent=2) + "\n"
-    with replacing(path) as tmp:
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text)

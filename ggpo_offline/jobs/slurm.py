@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from filelock import FileLock, Timeout
 
-from ggpo_offline.core.errors import UserError, how_it_ended, one_line, replacing, writing
+from ggpo_offline.core.errors import UserError, how_it_ended, one_line, write_json, writing
 from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.jobs.job import Job, JobFailed, JobState, OnState
 
@@ -86,8 +86,7 @@ class SubmittedTasks:
 
     def write(self, folder: Path) -> None:
         """Written whole or not at all: a command killed while writing leaves the previous record."""
-        with replacing(Path(folder) / JOBS_FILE) as temporary:
-            temporary.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        write_json(self.to_dict(), Path(folder) / JOBS_FILE)
 
     @classmethod
     def read(cls, folder: Path) -> "SubmittedTasks":

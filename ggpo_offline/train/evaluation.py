@@ -4,10 +4,11 @@ reports go and how its scores are named."""
 from collections.abc import Callable
 from pathlib import Path
 
+from ggpo_offline.core.errors import write_json
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.remote import RemoteEvaluator
-from ggpo_offline.evaluate.report import EvalReport, write_json
+from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, doing, wait_for_main
 from ggpo_offline.train.metric_names import GENERATED_PREFIX

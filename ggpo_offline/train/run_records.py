@@ -6,8 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from ggpo_offline.core.errors import UserError
-from ggpo_offline.evaluate.report import write_json
+from ggpo_offline.core.errors import UserError, write_json
 
 CONFIG_FILE = "config.json"
 RESULT_FILE = "result.json"
