@@ -73,22 +73,25 @@ def test_a_peer_that_stopped_answering_is_named_by_its_last_activity(run, tmp_pa
 
 def test_a_stop_point_is_read_once_and_only_its_rank_and_activity_stop(monkeypatch):
     """GGPO_STOP_AT is read where a run starts: unset, `doing` calls nothing; set, the process stops (SIGSTOP)
-    on reaching that rank's activity, and on no other."""
+    on reaching each of its rank's activities, and on no other."""
     stops = []
     monkeypatch.setattr(distributed.os, "kill", lambda pid, sig: stops.append((pid, sig)))
     monkeypatch.delenv(distributed.FOLDER_VARIABLE, raising=False)
     monkeypatch.delenv(distributed.STOP_VARIABLE, raising=False)
     distributed.stop_when_asked(Ranks(rank=1, world=2))
     assert distributed._on_doing == {}
-    monkeypatch.setenv(distributed.STOP_VARIABLE, "1:training update 3")
+    points = "0:training update 0,1:training update 1,1:training update 3"
+    monkeypatch.setenv(distributed.STOP_VARIABLE, points)
     distributed.stop_when_asked(Ranks(rank=1, world=2))
     monkeypatch.delenv(distributed.STOP_VARIABLE)  # read once: later changes do not matter
-    for what in ("training update 2", "saving the checkpoint of update 3", "training update 3"):
+    for what in ("training update 0", "training update 1", "saving the checkpoint of update 3"):
         distributed.doing(what)
-    assert stops == [(os.getpid(), signal.SIGSTOP)]
+    assert stops == [(os.getpid(), signal.SIGSTOP)]  # at update 1: update 0 is rank 0's point
+    distributed.doing("training update 3")
+    assert stops == [(os.getpid(), signal.SIGSTOP)] * 2
     distributed.stop_when_asked(Ranks(rank=0, world=2))  # the next run, unset: nothing is called any more
     distributed.doing("training update 3")
-    assert distributed._on_doing == {} and len(stops) == 1
+    assert distributed._on_doing == {} and len(stops) == 2
 
 
 def test_resume_hint_names_the_last_resumable_checkpoint_or_says_there_is_none(run, tmp_path):

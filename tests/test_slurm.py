@@ -20,6 +20,7 @@ from ggpo_offline.jobs.config import LaunchConfig, SlurmConfig
 from ggpo_offline.jobs.slurm import JOBS_FILE, SlurmLauncher, SubmittedTasks
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train.distributed import STOP_VARIABLE
+from ggpo_offline.train.run_folder import CHECKPOINTS, STATE_FILE, RunFolder
 
 GGPO = str(Path(sys.executable).parent / "ggpo")
 REPORT_FILES = ("counts.json", "table.md", "table.csv", "diagnostics.csv")
@@ -28,9 +29,9 @@ REPORT_FILES = ("counts.json", "table.md", "table.csv", "diagnostics.csv")
 SETTINGS = ["--preset", "tiny", "--updates", "3", "--groups-per-batch", "2", "--save-every", "1"]
 SETTINGS += ["--eval-every", "3", "--eval-n", "2", "--eval-k", "1,2", "--eval-num-problems", "4", "--no-test"]
 SETTINGS += ["--eval-engine", "hf", "--no-tracking", "--threads", "1"]
-STOP_POINT = "0:training update 2"
-"""Where a run's task stops itself (SIGSTOP) in the tests that requeue or cancel it: after its checkpoint at
-update 2 and before it ends, whatever the machine's load."""
+STOP_POINTS = "0:training update 0,0:training update 2"
+"""Where a run's task stops itself (SIGSTOP) in the test that follows, requeues and cancels it, whatever the
+machine's load: before its first checkpoint, then after its checkpoint at update 2 and before it ends."""
 POOL_FLAGS = ["--num-prompts", "2", "-m", "2", "--max-tokens", "16", "--engine", "hf", "--dtype", "float32"]
 POOL_FLAGS += ["--reward-workers", "0"]
 
@@ -56,13 +57,14 @@ def local_report(hf_pool, tmp_path_factory) -> Path:
 def test_a_compare_through_slurm_follows_requeued_tasks_and_reports_what_the_local_launcher_reports(
     slurm_cluster, hf_pool, local_report, tmp_path
 ):
-    """Submitted with --no-wait, both tasks stop themselves at update 2. The same command follows them,
-    submitting nothing twice; one task is requeued, the other cancelled: the compare ends with the cancelled
-    run's line, and the command it names follows the requeued task (resumed from its checkpoint) and submits
-    the cancelled run again. The report and both runs equal the local launcher's, byte for byte."""
+    """Submitted with --no-wait, both tasks stop themselves at update 0, before any checkpoint. The same
+    command follows them, submitting nothing twice and leaving their folders to them; they go on to stop at
+    update 2, where one is requeued and the other cancelled: the compare ends with the cancelled run's line,
+    and the command it names follows the requeued task (resumed from its checkpoint) and submits the
+    cancelled run again. The report and both runs equal the local launcher's, byte for byte."""
     out = tmp_path / "slurm"
     args = [*compare_args(hf_pool, "grpo,ggpo", "1", out), "--launcher", "slurm"]
-    submitted = ggpo(*args, "--no-wait", env=slurm_cluster.env(**{STOP_VARIABLE: STOP_POINT}))
+    submitted = ggpo(*args, "--no-wait", env=slurm_cluster.env(**{STOP_VARIABLE: STOP_POINTS}))
     assert submitted.returncode == 0, submitted.stderr
     assert "submitted 2 job(s)" in submitted.stdout
     tasks = SubmittedTasks.read(out / "slurm").tasks
@@ -70,18 +72,27 @@ def test_a_compare_through_slurm_follows_requeued_tasks_and_reports_what_the_loc
     assert len({task.task_id.split("_")[0] for task in tasks.values()}) == 1  # one array
     runs = {name: out / "runs" / name for name in tasks}
     stopped = {
-        name: slurm_cluster.wait_for(f"{name} to stop at update 2", lambda run=run: _stopped_run(run))
+        name: slurm_cluster.wait_for(f"{name} to stop at update 0", lambda run=run: _stopped_run(run))
         for name, run in runs.items()
     }
+    assert [path for run in runs.values() for path in run.glob(f"{CHECKPOINTS}/*/{STATE_FILE}")] == []
     requeued, cancelled = tasks["grpo-s1"], tasks["ggpo-s1"]
 
     log = tmp_path / "follow.log"
     with started(args, slurm_cluster.env(), stderr=log) as following:
-        slurm_cluster.wait_for(  # past its plan: following the tasks
+        slurm_cluster.wait_for(  # past its plan, which leaves the runs' folders to their tasks: following
             "the compare to follow the tasks",
             lambda: following.poll() is not None or ": queued" in log.read_text(),
         )
+        assert following.poll() is None, log.read_text()
         assert SubmittedTasks.read(out / "slurm").tasks == tasks  # nothing submitted twice
+        for name, process in stopped.items():
+            process.send_signal(signal.SIGCONT)
+            checkpoint = RunFolder(runs[name]).checkpoint(2) / STATE_FILE
+            slurm_cluster.wait_for(
+                f"{name} to stop at update 2",
+                lambda run=runs[name], state=checkpoint: state.is_file() and _stopped_run(run),
+            )
         slurm_cluster.command("scontrol", "requeue", requeued.task_id)
         slurm_cluster.wait_for(
             "the requeued task to wait again",

@@ -231,8 +231,9 @@ def scalar(value: torch.Tensor) -> float:
 # What each process of a training job is doing, kept in a file that outlives it: a process killed by a signal
 # cannot say what it was doing, so the launcher reads it there.
 FOLDER_VARIABLE = "GGPO_ACTIVITY_DIR"  # set by the launcher in each worker; unset, nothing is written
-# "<rank>:<activity>": that process stops itself (SIGSTOP) on reaching the activity, so that a test or the
-# chaos run can freeze or kill it at an exact point instead of at a moment that depends on the machine's load.
+# "<rank>:<activity>", or several joined by commas: that process stops itself (SIGSTOP) on reaching each
+# activity, so that a test or the chaos run can freeze or kill it at an exact point instead of at a moment
+# that depends on the machine's load.
 STOP_VARIABLE = "GGPO_STOP_AT"
 _on_doing: dict[str, Callable[[str], None]] = {}
 """Called with each activity this process reaches: empty unless a run asked for a stop (`stop_when_asked`)."""
@@ -260,15 +261,15 @@ def doing(what: str) -> None:
 
 
 def stop_when_asked(ranks: Ranks) -> None:
-    """Read `STOP_VARIABLE` once, where a run starts: set to this process's "<rank>:<activity>", `doing` stops
-    it on reaching that activity; unset, `doing` calls nothing more."""
-    point = os.environ.get(STOP_VARIABLE)
-    if point is None:
+    """Read `STOP_VARIABLE` once, where a run starts: set to "<rank>:<activity>" points (comma-separated),
+    `doing` stops this process on reaching each of its own; unset, `doing` calls nothing more."""
+    points = os.environ.get(STOP_VARIABLE)
+    if points is None:
         _on_doing.pop(STOP_VARIABLE, None)
         return
 
     def stop_at_point(what: str) -> None:
-        if point == f"{ranks.rank}:{what}":
+        if f"{ranks.rank}:{what}" in points.split(","):
             os.kill(os.getpid(), signal.SIGSTOP)
 
     _on_doing[STOP_VARIABLE] = stop_at_point
