@@ -20,11 +20,12 @@ from conftest import stopped_itself, synthetic_rows, write_synthetic_pool
 
 from ggpo_offline.compare.manifest import MARKER
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.one_writer import WRITER_LOCK
 from ggpo_offline.pool.partial import PROGRESS_FILE, PartialRun, partial_dir
 from ggpo_offline.pool.schema import POOL_SCHEMA
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train.distributed import STOP_VARIABLE
-from ggpo_offline.train.run_folder import WRITER_LOCK, RunFolder
+from ggpo_offline.train.run_folder import RunFolder
 
 # Python ignores SIGXFSZ, so a write past the limit fails with EFBIG ("File too large") where one on a full
 # disk fails with ENOSPC: the same refusal part-way through a file, without a small filesystem to mount.

@@ -14,8 +14,9 @@ import pytest
 from conftest import stopped_itself
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.one_writer import WRITER_LOCK, one_writer
 from ggpo_offline.train.distributed import STOP_VARIABLE
-from ggpo_offline.train.run_folder import WRITER_LOCK, RunFolder, one_writer
+from ggpo_offline.train.run_folder import RunFolder
 
 GGPO = str(Path(sys.executable).parent / "ggpo")
 HOLDER = rf"pid {os.getpid()} on {socket.gethostname()}"

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from conftest import REPO
 from test_cli import GGPO, assert_one_error_line, ggpo_here
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.one_writer import one_writer
 from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
 from ggpo_offline.pool.partial import PROGRESS_FILE, partial_dir
@@ -66,6 +68,29 @@ def test_a_crashed_run_resumes_and_ends_with_the_uninterrupted_pool(tmp_path):
     meta, expected = read_pool_info(out).raw, read_pool_info(whole).raw
     assert meta["counts"] == expected["counts"] and meta["reward"] == expected["reward"]
     assert not partial_dir(out).exists()
+
+
+def test_a_second_command_on_a_live_generation_is_refused_and_leaves_its_parts(tmp_path):
+    """The same generate-pool typed while another still writes (or a Slurm task requeued while its
+    predecessor is being killed) is refused with one line naming the holder; the holder's stored parts are
+    left as they were, and once it is gone the command resumes them."""
+    out, state = tmp_path / "pool.parquet", partial_dir(tmp_path / "pool.parquet")
+    with pytest.raises(Crash):
+        generate_pool(hf_config(out, num_prompts=8), on_batch=crash_after(1))
+    stored = (state / PROGRESS_FILE).read_bytes()
+    rule = f"{out} has one generate-pool"
+    with one_writer(state, rule=rule, then="run it again"):  # held as a running generate-pool holds it
+        with pytest.raises(UserError) as refused:
+            generate_pool(hf_config(out, num_prompts=8))
+    holder = f"pid {os.getpid()} on {socket.gethostname()}"
+    assert str(refused.value) == (
+        f"{state} is being written by {holder}; {out} has one generate-pool: let it finish (or stop it), "
+        "then run it again"
+    )
+    assert (state / PROGRESS_FILE).read_bytes() == stored and not out.exists()
+    seen = []
+    generate_pool(hf_config(out, num_prompts=8), on_batch=lambda p: seen.append(p.prompts_resumed))
+    assert seen == [4] and not state.exists()  # resumed after the stored batch; its state gone with it
 
 
 def test_a_changed_command_refuses_to_resume_and_names_the_difference(tmp_path):

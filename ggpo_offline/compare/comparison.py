@@ -22,6 +22,7 @@ from ggpo_offline.compare.report import (
 )
 from ggpo_offline.compare.run_jobs import TrainJob
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.one_writer import WRITER_LOCK, one_writer
 from ggpo_offline.core.settings import replace_settings
 from ggpo_offline.generate.engines import Engine
 from ggpo_offline.jobs.job import JobFailed, JobState, Launcher, OnState, Session
@@ -30,7 +31,7 @@ from ggpo_offline.train.config import PER_RUN, TrainConfig
 from ggpo_offline.train.dry_run import Estimate, estimate, run_folders_near
 from ggpo_offline.train.learners import learner
 from ggpo_offline.train.pool_index import CheckedPool, check_pool
-from ggpo_offline.train.run_folder import WRITER_LOCK, RunFolder, continuing_action, one_writer
+from ggpo_offline.train.run_folder import RunFolder, continuing_action
 from ggpo_offline.train.run_inputs import Fingerprints, RunInputs, plan_data, read_inputs
 from ggpo_offline.train.run_records import RunId, RunSettings
 from ggpo_offline.train.training_presets import config_for, given_settings, refuse_unread

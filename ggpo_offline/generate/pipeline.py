@@ -18,6 +18,7 @@ from ggpo_offline.core.model_io import (
     tokenizer_sha256,
     weights_sha256,
 )
+from ggpo_offline.core.one_writer import one_writer
 from ggpo_offline.core.settings import leaf_values, leaves
 from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig, validate_generate_config
 from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
@@ -47,7 +48,7 @@ from ggpo_offline.pool.info import (
     PoolTemplate,
     PoolTokenizer,
 )
-from ggpo_offline.pool.partial import PartialRun
+from ggpo_offline.pool.partial import PartialRun, partial_dir
 from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter, check_output_path
 
@@ -141,7 +142,17 @@ def generate_pool(
     """
     validate_generate_config(config)
     out = Path(config.out)
-    check_output_path(out, config.overwrite)  # before any slow work
+    # A second command on the same --out (or a Slurm task requeued while its predecessor still writes) is
+    # refused; the resume state is the one writer's, and goes with it once the pool is in place.
+    rule = f"{out} has one generate-pool"
+    with one_writer(partial_dir(out), rule=rule, then="run it again", temporary=True):
+        return _generate_pool(config, out, on_batch, engine)
+
+
+def _generate_pool(
+    config: GenerateConfig, out: Path, on_batch: Callable[[Progress], None] | None, engine: Engine | None
+) -> Path:
+    check_output_path(out, config.overwrite)  # before any slow work; held: an earlier holder may have ended
     problems, dataset_meta = load_dataset(config.dataset, **_dataset_kwargs(config))
     rule = dataset_answer_rule(config.dataset, config.columns.answer_rule, problems)
     model_dir = resolve_model_dir(config.model)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ggpo_offline.core.errors import UserError, replacing
+from ggpo_offline.core.one_writer import clear_but_the_lock
 from ggpo_offline.pool.schema import PARQUET_OPTIONS, POOL_SCHEMA, open_parquet
 
 PROGRESS_FILE = "progress.json"
@@ -83,7 +83,7 @@ class PartialRun:
             if not differing:
                 self.parts = parts
             elif overwrite:
-                shutil.rmtree(self.dir)
+                clear_but_the_lock(self.dir)
             else:
                 raise UserError(
                     f"{self.dir} holds an interrupted run with other settings "
@@ -91,7 +91,7 @@ class PartialRun:
                     f"or pass --overwrite or delete {self.dir} to start over"
                 )
         elif self.dir.exists() and overwrite:
-            shutil.rmtree(self.dir)  # parts without a record: nothing resumable
+            clear_but_the_lock(self.dir)  # parts without a record: nothing resumable
 
     def total(self, key: str) -> float:
         """A counter summed over the completed parts."""
@@ -115,5 +115,6 @@ class PartialRun:
             yield open_parquet(self.dir / part["file"]).read().cast(POOL_SCHEMA)
 
     def remove(self) -> None:
-        """Drop the parts once the pool holding them is in place."""
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Drop the parts once the pool holding them is in place (the folder goes with its writer's lock)."""
+        if self.dir.exists():
+            clear_but_the_lock(self.dir)

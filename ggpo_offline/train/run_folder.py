@@ -1,17 +1,13 @@
 """A run folder: where each file sits and how a finished run is read back (report, compare, CLI), without
-torch; what a run does with an existing folder (train, resume or replace), and its one writer."""
+torch; what a run does with an existing folder: train, resume or replace it."""
 
-import fcntl
 import json
 import os
-import shutil
-import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ggpo_offline.core.errors import UserError, replacing, writing
+from ggpo_offline.core.one_writer import clear_but_the_lock, holds_only_the_lock
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.metric_names import UPDATE
 from ggpo_offline.train.profile import PhaseTime
@@ -29,8 +25,6 @@ CHECKPOINT_PREFIX = "update-"
 STATE_FILE = "trainer_state.pt"
 """Written last into a checkpoint: a checkpoint folder holding it is complete and resumable."""
 FINAL = "final"
-WRITER_LOCK = ".writer"
-"""Locked by the one process that writes the run folder, and naming it (host, pid); not part of the run."""
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -97,17 +91,11 @@ class RunFolder:
         return self.path / EVAL_FOLDER / TEST_FOLDER / f"update-{update:06d}.json"
 
     def is_empty(self) -> bool:
-        return not self.path.exists() or not any(p.name != WRITER_LOCK for p in self.path.iterdir())
+        return holds_only_the_lock(self.path)
 
     def clear(self) -> None:
         """Remove every file of the run (`--overwrite`), keeping the writer's lock held."""
-        for entry in self.path.iterdir():
-            if entry.name == WRITER_LOCK:
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+        clear_but_the_lock(self.path)
 
     def is_finished(self) -> bool:
         return self.result_file.is_file()
@@ -223,39 +211,3 @@ def continuing_action(run_dir: Path, expected: RunSettings, defaults: dict, *, r
     if folder.is_finished():
         return "reuse"
     return "resume" if folder.latest_checkpoint() is not None else "replace"
-
-
-@contextmanager
-def one_writer(
-    run_dir: Path, main: bool = True, rule: str = "a run folder has one writer", then: str = "--resume"
-) -> Iterator[None]:
-    """Hold ``run_dir`` for this process alone while the block writes it: an exclusive `flock` on its
-    WRITER_LOCK file, which the kernel lets go when the block ends or the process dies however it dies. A
-    second writer — the same --resume typed in another terminal, or a Slurm task requeued while its
-    predecessor is still being killed — is refused with one line naming the holder, and the folder is left as
-    it was. Only the main rank of a job (``main``) takes it: the job is the one writer. A compare holds its
-    report folder the same way (``rule``, ``then``: the refusal's words)."""
-    if not main:
-        yield
-        return
-    path = Path(run_dir)
-    created = not path.exists()
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(path / WRITER_LOCK, "a+") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.seek(0)
-                holder = lock.read().strip() or "another process"
-                raise UserError(
-                    f"{path} is being written by {holder}; {rule}: let it finish (or stop it), then {then}"
-                ) from None
-            lock.seek(0)
-            lock.truncate()
-            lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-            lock.flush()
-            yield
-    finally:
-        if created and RunFolder(path).is_empty():
-            shutil.rmtree(path, ignore_errors=True)  # refused before writing anything: leave no folder behind

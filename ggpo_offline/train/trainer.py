@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import load_tokenizer
+from ggpo_offline.core.one_writer import one_writer
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.checkpoint import RankState, RunState, load_state, resume_point, save_checkpoint
@@ -39,7 +40,6 @@ from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.pi0_cache import Pi0Cache
 from ggpo_offline.train.probe import DriftProbe, drift_probe
 from ggpo_offline.train.profile import RunProfile
-from ggpo_offline.train.run_folder import one_writer
 from ggpo_offline.train.run_inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.run_tracking import FLUSH_EVERY, Run, failures_explained
 from ggpo_offline.train.update_metrics import EssBlock, StepDiagnostics
