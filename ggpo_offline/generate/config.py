@@ -26,6 +26,14 @@ class GenerateConfig:
     num_prompts: int | None = setting(
         None, f"Number of prompts [default: arith {DEFAULT_ARITH_PROMPTS}, files all rows]."
     )
+    first_prompt: int = setting(
+        0, "Start at the dataset's prompt at this position: a later pool continues where another stopped."
+    )
+    keep_groups: int | None = setting(
+        None,
+        "Stop once this many groups are kept (with --mixed-only, mixed ones: Algorithm 1's N x G); the pool "
+        "holds exactly that many [default: every prompt's].",
+    )
     sampling: SamplingSettings = setting(default_factory=SamplingSettings)
     engine: EngineName = setting("vllm", "Generation engine: vllm or hf.")
     dtype: Dtype = setting("auto", "Engine dtype: auto, float32, bfloat16, float16.")
@@ -63,6 +71,12 @@ def validate_generate_config(config: GenerateConfig) -> None:
         sampling_checks(config.sampling, "--samples-per-prompt")
         + [
             (config.num_prompts is None or config.num_prompts >= 1, "--num-prompts must be >= 1"),
+            (config.first_prompt >= 0, f"--first-prompt must be >= 0, got {config.first_prompt}"),
+            (config.keep_groups is None or config.keep_groups >= 1, "--keep-groups must be >= 1"),
+            (
+                config.keep_groups is None or config.num_shards == 1,
+                "--keep-groups stops one run at its count: give it without --num-shards",
+            ),
             (config.reward_workers >= 0, "--reward-workers must be >= 0"),
             (config.batch_prompts >= 1, "--batch-prompts must be >= 1"),
             (config.num_shards >= 1, f"--num-shards must be >= 1, got {config.num_shards}"),

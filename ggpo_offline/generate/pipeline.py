@@ -3,6 +3,7 @@
 import dataclasses
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -87,13 +88,18 @@ def _rows(
     m: int,
     mixed_only: bool,
     progress: Progress,
-) -> list[dict]:
-    """Pool rows of one batch, whole groups only (contiguous), dropping all-equal groups if asked.
+    keep_groups: int | None = None,
+) -> tuple[list[dict], int]:
+    """Pool rows of one batch, whole groups only (contiguous), dropping all-equal groups if asked, and how
+    many of its prompts they used: all, unless the run's ``keep_groups``-th group is among them (the
+    prompts after it are left unused, so that a later pool can start there).
 
     A group's id is its prompt's position in the dataset, so shards of one run never share an id and
     their union has the ids of the unsharded run."""
     rows = []
     for offset, problem in enumerate(batch.problems):
+        if progress.groups_kept == keep_groups:
+            return rows, offset
         group_results = batch.results[offset * m : (offset + 1) * m]
         correct = sum(r.reward for r in group_results)
         mixed = 0 < correct < m
@@ -125,7 +131,7 @@ def _rows(
             progress.reward_sum += result.reward
             progress.tokens += len(sample.token_ids)
             progress.truncated += sample.finish_reason == "length"
-    return rows
+    return rows, len(batch.problems)
 
 
 def generate_pool(
@@ -182,7 +188,8 @@ def _generate_pool(
 
 @dataclass(frozen=True)
 class _Prompts:
-    """The dataset's problems encoded as prompts, and which of them this shard samples."""
+    """The dataset's problems encoded as prompts, and which of them this shard samples (from --first-prompt
+    on)."""
 
     problems: list[Problem]
     texts: list[str]
@@ -199,19 +206,24 @@ class _Prompts:
 def _shard_prompts(
     config: GenerateConfig, problems: list[Problem], tokenizer, template: str, model_dir: Path
 ) -> _Prompts:
-    """Encode every problem; keep this shard's prompts within the model's prompt limit (refused when none)."""
+    """Encode every problem; keep this shard's prompts from --first-prompt on within the model's prompt limit
+    (refused when none)."""
+    first = config.first_prompt
+    if first >= len(problems):
+        raise UserError(f"--first-prompt {first} is past the dataset's last prompt ({len(problems)} prompts)")
     texts, token_ids = encode_prompts(tokenizer, problems, template)
     prompt_limit = prompt_token_limit(model_dir, config.sampling.max_tokens)
     fits = [i for i, ids in enumerate(token_ids) if len(ids) <= prompt_limit]
     if not fits:
         raise UserError(f"every prompt is longer than {prompt_limit} tokens (model limit minus --max-tokens)")
     max_model_len = max(len(token_ids[i]) for i in fits) + config.sampling.max_tokens
-    in_shard = range(config.shard_index, len(problems), config.num_shards)
-    keep = [i for i in fits if i % config.num_shards == config.shard_index]
+    in_shard = range(first + config.shard_index, len(problems), config.num_shards)
+    keep = [i for i in fits if i >= first and (i - first) % config.num_shards == config.shard_index]
     if not keep:
         raise UserError(
             f"shard {config.shard_index} of {config.num_shards} has no prompt that fits "
-            f"({len(problems)} prompts, {len(fits)} within {prompt_limit} tokens)"
+            f"({len(problems) - first} prompts from --first-prompt {first}, {len(fits)} of the dataset's "
+            f"{len(problems)} within {prompt_limit} tokens)"
         )
     return _Prompts(problems, texts, token_ids, keep, len(in_shard) - len(keep), max_model_len)
 
@@ -239,11 +251,13 @@ def _sample_and_store(
     on_batch: Callable[[Progress], None] | None,
 ) -> None:
     """Sample and score (answer ``rule``) the prompts no earlier run stored, storing each finished batch as
-    a part of ``partial`` with the counters it adds; refused when no group was kept at all."""
-    remaining = prompts.keep[progress.prompts_done :]
+    a part of ``partial`` with the counters it adds, until --keep-groups groups are kept when it is given;
+    refused when no group (or fewer than --keep-groups) was kept."""
+    wanted = config.keep_groups
+    remaining = [] if progress.groups_kept == wanted else prompts.keep[progress.prompts_done :]
     with RewardScorer(config.reward_workers, config.reward_timeout_s) as scorer:
         batch_started = time.monotonic()
-        for batch in sample_and_score(
+        batches = sample_and_score(
             engine,
             tokenizer,
             scorer,
@@ -252,33 +266,54 @@ def _sample_and_store(
             config.sampling,
             config.batch_prompts,
             rule,
-        ):
-            chunk = remaining[batch.start : batch.start + len(batch.problems)]
-            before = _counters(progress)
-            rows = _rows(
-                batch,
-                chunk,
-                [prompts.texts[i] for i in chunk],
-                [prompts.token_ids[i] for i in chunk],
-                config.sampling.m,
-                config.mixed_only,
-                progress,
-            )
-            progress.prompts_done += len(batch.problems)
-            now = time.monotonic()
-            counters = {key: value - before[key] for key, value in _counters(progress).items()}
-            counters |= {
-                "timeouts": sum(r.status == "timeout" for r in batch.results),
-                "errors": sum(r.status == "error" for r in batch.results),
-                "seconds": now - batch_started,
-            }
-            batch_started = now
-            partial.add_part(pa.Table.from_pylist(rows, schema=POOL_SCHEMA), counters)
-            if on_batch is not None:
-                on_batch(progress)
-    if progress.responses == 0:
-        partial.remove()  # a complete run, nothing to resume
+        )
+        with closing(batches):  # stopped at --keep-groups: the batch sampled ahead is dropped
+            for batch in batches:
+                chunk = remaining[batch.start : batch.start + len(batch.problems)]
+                before = _counters(progress)
+                rows, used = _rows(
+                    batch,
+                    chunk,
+                    [prompts.texts[i] for i in chunk],
+                    [prompts.token_ids[i] for i in chunk],
+                    config.sampling.m,
+                    config.mixed_only,
+                    progress,
+                    wanted,
+                )
+                progress.prompts_done += used
+                now = time.monotonic()
+                results = batch.results[: used * config.sampling.m]
+                counters = {key: value - before[key] for key, value in _counters(progress).items()}
+                counters |= {
+                    "timeouts": sum(r.status == "timeout" for r in results),
+                    "errors": sum(r.status == "error" for r in results),
+                    "seconds": now - batch_started,
+                }
+                batch_started = now
+                partial.add_part(pa.Table.from_pylist(rows, schema=POOL_SCHEMA), counters)
+                if on_batch is not None:
+                    on_batch(progress)
+                if progress.groups_kept == wanted:
+                    break
+    _refuse_too_few_groups(config, prompts, partial, progress)
+
+
+def _refuse_too_few_groups(
+    config: GenerateConfig, prompts: _Prompts, partial: PartialRun, progress: Progress
+) -> None:
+    """Every prompt sampled: refused, nothing written, when no group, or fewer than --keep-groups, was kept
+    (no rerun of the command can keep more: it needs more prompts)."""
+    kept, wanted = progress.groups_kept, config.keep_groups
+    if kept > 0 and (wanted is None or kept == wanted):
+        return
+    partial.remove()
+    if kept == 0:
         raise UserError("no group was kept (--mixed-only and no prompt had a mixed group); nothing written")
+    raise UserError(
+        f"--keep-groups {wanted}: the {len(prompts.keep)} prompts from --first-prompt {config.first_prompt} "
+        f"kept only {kept} groups; nothing written (give more prompts with --num-prompts)"
+    )
 
 
 def _with_run_totals(
@@ -342,6 +377,8 @@ def _run_settings(
         "tensor_parallel_size": config.tensor_parallel_size,
         "data_parallel_size": config.data_parallel_size,
         "mixed_only": config.mixed_only,
+        "first_prompt": config.first_prompt,
+        "keep_groups": config.keep_groups,
         "reward_timeout_s": config.reward_timeout_s,
         "answer_rule": rule,
         "shard_index": config.shard_index,
@@ -379,7 +416,7 @@ def _footer(
         reward=PoolReward(answer_rule=rule, other=reward_description(config.reward_timeout_s, [rule])),
         filter=PoolFilter(mixed_only=config.mixed_only),
         counts=PoolCounts(
-            prompts=progress.prompts_total,
+            prompts=progress.prompts_done,
             skipped_long_prompts=prompts.skipped_long,
             groups=progress.groups_kept,
             responses=progress.responses,

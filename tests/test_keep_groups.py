@@ -1,0 +1,110 @@
+"""--keep-groups and --first-prompt: a pool of exactly K kept groups (Algorithm 1's lines 5-10: prompts drawn
+until N x G mixed groups are collected, the first N x G kept), and the next pool from the prompt where it
+stopped; each holds the rows the one-pass pool holds for its prompts."""
+
+import dataclasses
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.generate.engines import SamplingSettings
+from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
+from ggpo_offline.pool.partial import partial_dir
+from ggpo_offline.pool.source import read_pool_info
+
+
+def hf_pool_config(out, **changes) -> GenerateConfig:
+    """The settings of conftest's `hf_pool` (16 prompts, m 4, all groups kept), written to ``out``."""
+    settings = {
+        "num_prompts": 16,
+        "sampling": SamplingSettings(m=4, max_tokens=64, seed=3),
+        "engine": "hf",
+        "dtype": "float32",
+        "out": out,
+        "reward_workers": 0,
+        "batch_prompts": 4,
+    }
+    return GenerateConfig(**(settings | changes))
+
+
+def mixed_group_ids(table: pa.Table) -> list[int]:
+    """The ids of the groups whose rewards are neither all 0 nor all 1, in pool order."""
+    groups = table.group_by("group_id", use_threads=False).aggregate([("reward", "sum"), ("reward", "count")])
+    columns = (groups[name].to_pylist() for name in ("group_id", "reward_sum", "reward_count"))
+    return sorted(group for group, correct, size in zip(*columns, strict=True) if 0 < correct < size)
+
+
+def rows_of(table: pa.Table, group_ids: list[int]) -> pa.Table:
+    return table.filter(pc.is_in(table["group_id"], pa.array(group_ids, pa.int64())))
+
+
+def test_a_pool_stops_at_its_kept_groups_and_the_next_one_continues_from_there(hf_pool, tmp_path):
+    whole = pq.read_table(hf_pool)
+    mixed = mixed_group_ids(whole)
+    assert len(mixed) >= 4, mixed  # the fixture's pool has enough mixed groups for two pools of two
+
+    first = generate_pool(hf_pool_config(tmp_path / "a.parquet", mixed_only=True, keep_groups=2))
+    assert pq.read_table(first).equals(rows_of(whole, mixed[:2]))
+    used = read_pool_info(first).counts.prompts
+    assert used == mixed[1] + 1  # the prompts up to the second mixed group's, and none after it
+    assert {"first_prompt": 0, "keep_groups": 2}.items() <= read_pool_info(first).config.items()
+
+    config = hf_pool_config(tmp_path / "b.parquet", mixed_only=True, keep_groups=2, first_prompt=used)
+    second = generate_pool(config)
+    assert pq.read_table(second).equals(rows_of(whole, mixed[2:4]))  # a group's id: its dataset position
+    assert read_pool_info(second).counts.prompts == mixed[3] + 1 - used
+
+
+def test_too_few_kept_groups_write_nothing_and_say_how_to_get_more(hf_pool, tmp_path):
+    out = tmp_path / "pool.parquet"
+    whole = pq.read_table(hf_pool)
+    kept = len(mixed_group_ids(rows_of(whole, list(range(12, 16)))))
+    with pytest.raises(UserError) as refused:
+        generate_pool(hf_pool_config(out, mixed_only=True, keep_groups=kept + 1, first_prompt=12))
+    assert str(refused.value) == (
+        f"--keep-groups {kept + 1}: the 4 prompts from --first-prompt 12 kept only {kept} groups; nothing "
+        "written (give more prompts with --num-prompts)"
+    )
+    assert not out.exists() and not partial_dir(out).exists()
+    with pytest.raises(
+        UserError, match=r"^--first-prompt 16 is past the dataset's last prompt \(16 prompts\)$"
+    ):
+        generate_pool(hf_pool_config(out, first_prompt=16))
+
+
+class Crash(Exception):
+    """Stands in for a crash after the batch that kept the last group was stored."""
+
+
+def test_a_run_stopped_after_its_last_kept_group_resumes_without_sampling_again(hf_pool, tmp_path):
+    out = tmp_path / "pool.parquet"
+    config = hf_pool_config(out, keep_groups=3)  # all groups kept: the first three prompts'
+
+    def crash(progress) -> None:
+        raise Crash
+
+    with pytest.raises(Crash):
+        generate_pool(config, on_batch=crash)
+    sampled = []
+    generate_pool(config, on_batch=lambda progress: sampled.append(progress.prompts_done))
+    assert sampled == []  # nothing left to sample
+    assert pq.read_table(out).equals(rows_of(pq.read_table(hf_pool), [0, 1, 2]))
+    assert read_pool_info(out).counts.prompts == 3
+
+
+def test_keep_groups_and_first_prompt_are_checked_in_one_line(tmp_path):
+    config = hf_pool_config(tmp_path / "pool.parquet")
+    for changes, message in [
+        ({"keep_groups": 0}, "--keep-groups must be >= 1"),
+        ({"first_prompt": -1}, "--first-prompt must be >= 0, got -1"),
+        (
+            {"keep_groups": 4, "num_shards": 2},
+            "--keep-groups stops one run at its count: give it without --num-shards",
+        ),
+    ]:
+        with pytest.raises(UserError) as refused:
+            generate_pool(dataclasses.replace(config, **changes))
+        assert str(refused.value) == message
