@@ -146,22 +146,28 @@ def slurm_cluster(tmp_path_factory):
                 os.environ["SLURM_CONF"] = saved
 
 
+def hf_pool_config(out: Path, **changes):
+    """The settings of `hf_pool` (16 prompts, m 4, every group kept), written to ``out``, with ``changes``."""
+    from ggpo_offline.generate.engines import SamplingSettings
+    from ggpo_offline.generate.pipeline import GenerateConfig
+
+    settings = {
+        "num_prompts": 16,
+        "sampling": SamplingSettings(m=4, max_tokens=64, seed=3),
+        "engine": "hf",
+        "dtype": "float32",
+        "out": out,
+        "reward_workers": 0,
+    }
+    return GenerateConfig(**(settings | changes))
+
+
 @pytest.fixture(scope="session")
 def hf_pool(tmp_path_factory) -> Path:
     """A small float32 pool written by the hf engine: the trainer's numerics reproduce its log-probs."""
-    from ggpo_offline.generate.engines import SamplingSettings
-    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
+    from ggpo_offline.generate.pipeline import generate_pool
 
-    out = tmp_path_factory.mktemp("hf") / "pool.parquet"
-    config = GenerateConfig(
-        num_prompts=16,
-        sampling=SamplingSettings(m=4, max_tokens=64, seed=3),
-        engine="hf",
-        dtype="float32",
-        out=out,
-        reward_workers=0,
-    )
-    return generate_pool(config)
+    return generate_pool(hf_pool_config(tmp_path_factory.mktemp("hf") / "pool.parquet"))
 
 
 def build_rehearsal_in_new_process(out: Path, seed: int) -> Path:

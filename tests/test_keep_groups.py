@@ -8,26 +8,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from conftest import hf_pool_config
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.generate.engines import SamplingSettings
-from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
+from ggpo_offline.generate.pipeline import generate_pool
 from ggpo_offline.pool.partial import partial_dir
 from ggpo_offline.pool.source import read_pool_info
 
-
-def hf_pool_config(out, **changes) -> GenerateConfig:
-    """The settings of conftest's `hf_pool` (16 prompts, m 4, all groups kept), written to ``out``."""
-    settings = {
-        "num_prompts": 16,
-        "sampling": SamplingSettings(m=4, max_tokens=64, seed=3),
-        "engine": "hf",
-        "dtype": "float32",
-        "out": out,
-        "reward_workers": 0,
-        "batch_prompts": 4,
-    }
-    return GenerateConfig(**(settings | changes))
+MIXED = {"mixed_only": True, "batch_prompts": 4}
+"""Mixed groups only, several batches: a pool of K groups stops inside one."""
 
 
 def mixed_group_ids(table: pa.Table) -> list[int]:
@@ -46,13 +35,13 @@ def test_a_pool_stops_at_its_kept_groups_and_the_next_one_continues_from_there(h
     mixed = mixed_group_ids(whole)
     assert len(mixed) >= 4, mixed  # the fixture's pool has enough mixed groups for two pools of two
 
-    first = generate_pool(hf_pool_config(tmp_path / "a.parquet", mixed_only=True, keep_groups=2))
+    first = generate_pool(hf_pool_config(tmp_path / "a.parquet", keep_groups=2, **MIXED))
     assert pq.read_table(first).equals(rows_of(whole, mixed[:2]))
     used = read_pool_info(first).counts.prompts
     assert used == mixed[1] + 1  # the prompts up to the second mixed group's, and none after it
     assert {"first_prompt": 0, "keep_groups": 2}.items() <= read_pool_info(first).config.items()
 
-    config = hf_pool_config(tmp_path / "b.parquet", mixed_only=True, keep_groups=2, first_prompt=used)
+    config = hf_pool_config(tmp_path / "b.parquet", keep_groups=2, first_prompt=used, **MIXED)
     second = generate_pool(config)
     assert pq.read_table(second).equals(rows_of(whole, mixed[2:4]))  # a group's id: its dataset position
     assert read_pool_info(second).counts.prompts == mixed[3] + 1 - used
@@ -81,7 +70,7 @@ class Crash(Exception):
 
 def test_a_run_stopped_after_its_last_kept_group_resumes_without_sampling_again(hf_pool, tmp_path):
     out = tmp_path / "pool.parquet"
-    config = hf_pool_config(out, keep_groups=3)  # all groups kept: the first three prompts'
+    config = hf_pool_config(out, keep_groups=3, batch_prompts=4)  # every group kept: prompts 0-2's
 
     def crash(progress) -> None:
         raise Crash

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, hf_pool_config
 from test_cli import GGPO, assert_one_error_line, ggpo_here
 
 from ggpo_offline.core.errors import UserError
@@ -29,16 +29,8 @@ class Crash(Exception):
 
 
 def hf_config(out, seed=3, num_prompts=12, **changes) -> GenerateConfig:
-    settings = {
-        "num_prompts": num_prompts,
-        "sampling": SamplingSettings(m=2, max_tokens=24, seed=seed),
-        "engine": "hf",
-        "dtype": "float32",
-        "out": out,
-        "reward_workers": 0,
-        "batch_prompts": 4,
-    }
-    return GenerateConfig(**(settings | changes))
+    settings = {"num_prompts": num_prompts, "sampling": SamplingSettings(m=2, max_tokens=24, seed=seed)}
+    return hf_pool_config(out, **(settings | {"batch_prompts": 4} | changes))
 
 
 def crash_after(batches: int):
