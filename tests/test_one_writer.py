@@ -54,6 +54,14 @@ def test_a_folder_made_only_to_hold_the_lock_is_removed_when_nothing_was_written
     assert kept.is_dir()  # it was the user's: left as it was found, lock file aside
 
 
+def test_a_folder_that_cannot_be_made_is_one_line_naming_it(tmp_path):
+    (tmp_path / "pools").write_text("a file where a folder is wanted")  # fails as root too, unlike chmod
+    held = tmp_path / "pools" / ".x.parquet.partial"
+    with pytest.raises(UserError) as refused, one_writer(held, temporary=True):
+        pass
+    assert str(refused.value) == f"cannot write {held / WRITER_LOCK}: Not a directory"
+
+
 def test_the_lock_file_is_not_part_of_the_run(tmp_path):
     run = tmp_path / "run"
     with one_writer(run):

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import UserError, writing
 
 WRITER_LOCK = ".writer"
 """Locked by the one process that writes the folder, and naming it (host, pid); not part of what it holds."""
@@ -51,8 +51,10 @@ def one_writer(
         return
     path = Path(folder)
     created = not path.exists()
-    path.mkdir(parents=True, exist_ok=True)
-    with open(path / WRITER_LOCK, "a+") as lock:
+    with writing(path / WRITER_LOCK):  # an unwritable or full place: one line naming it
+        path.mkdir(parents=True, exist_ok=True)
+        lock = open(path / WRITER_LOCK, "a+")
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -62,10 +64,11 @@ def one_writer(
                 f"{path} is being written by {holder}; {rule}: let it finish (or stop it), then {then}"
             ) from None
         try:
-            lock.seek(0)
-            lock.truncate()
-            lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-            lock.flush()
+            with writing(path / WRITER_LOCK):
+                lock.seek(0)
+                lock.truncate()
+                lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+                lock.flush()
             yield
         finally:
             if (created or temporary) and holds_only_the_lock(path):
