@@ -30,12 +30,27 @@ def rows_of(table: pa.Table, group_ids: list[int]) -> pa.Table:
     return table.filter(pc.is_in(table["group_id"], pa.array(group_ids, pa.int64())))
 
 
+class Crash(Exception):
+    """Stands in for a crash after the batch that kept the last group was stored."""
+
+
 def test_a_pool_stops_at_its_kept_groups_and_the_next_one_continues_from_there(hf_pool, tmp_path):
+    """The first pool crashes once its last group's batch is stored, and resumes without sampling again."""
     whole = pq.read_table(hf_pool)
     mixed = mixed_group_ids(whole)
     assert len(mixed) >= 4, mixed  # the fixture's pool has enough mixed groups for two pools of two
 
-    first = generate_pool(hf_pool_config(tmp_path / "a.parquet", keep_groups=2, **MIXED))
+    config = hf_pool_config(tmp_path / "a.parquet", keep_groups=2, **MIXED)
+
+    def crash_once_kept(progress) -> None:
+        if progress.groups_kept == 2:
+            raise Crash
+
+    with pytest.raises(Crash):
+        generate_pool(config, on_batch=crash_once_kept)
+    sampled = []
+    first = generate_pool(config, on_batch=lambda progress: sampled.append(progress.prompts_done))
+    assert sampled == []  # nothing left to sample
     assert pq.read_table(first).equals(rows_of(whole, mixed[:2]))
     used = read_pool_info(first).counts.prompts
     assert used == mixed[1] + 1  # the prompts up to the second mixed group's, and none after it
@@ -50,38 +65,19 @@ def test_a_pool_stops_at_its_kept_groups_and_the_next_one_continues_from_there(h
 def test_too_few_kept_groups_write_nothing_and_say_how_to_get_more(hf_pool, tmp_path):
     out = tmp_path / "pool.parquet"
     whole = pq.read_table(hf_pool)
-    kept = len(mixed_group_ids(rows_of(whole, list(range(12, 16)))))
+    last = mixed_group_ids(whole)[-1]  # from the last mixed group's prompt on, one group can be kept
     with pytest.raises(UserError) as refused:
-        generate_pool(hf_pool_config(out, mixed_only=True, keep_groups=kept + 1, first_prompt=12))
+        generate_pool(hf_pool_config(out, mixed_only=True, keep_groups=2, first_prompt=last))
+    prompts = f"{16 - last} prompt" + ("s" if 16 - last > 1 else "")
     assert str(refused.value) == (
-        f"--keep-groups {kept + 1}: the 4 prompts from --first-prompt 12 kept only {kept} groups; nothing "
-        "written (give more prompts with --num-prompts)"
+        f"--keep-groups 2: the {prompts} from --first-prompt {last} kept 1 group; nothing written (give "
+        "more prompts with --num-prompts)"
     )
     assert not out.exists() and not partial_dir(out).exists()
     with pytest.raises(
         UserError, match=r"^--first-prompt 16 is past the dataset's last prompt \(16 prompts\)$"
     ):
         generate_pool(hf_pool_config(out, first_prompt=16))
-
-
-class Crash(Exception):
-    """Stands in for a crash after the batch that kept the last group was stored."""
-
-
-def test_a_run_stopped_after_its_last_kept_group_resumes_without_sampling_again(hf_pool, tmp_path):
-    out = tmp_path / "pool.parquet"
-    config = hf_pool_config(out, keep_groups=3, batch_prompts=4)  # every group kept: prompts 0-2's
-
-    def crash(progress) -> None:
-        raise Crash
-
-    with pytest.raises(Crash):
-        generate_pool(config, on_batch=crash)
-    sampled = []
-    generate_pool(config, on_batch=lambda progress: sampled.append(progress.prompts_done))
-    assert sampled == []  # nothing left to sample
-    assert pq.read_table(out).equals(rows_of(pq.read_table(hf_pool), [0, 1, 2]))
-    assert read_pool_info(out).counts.prompts == 3
 
 
 def test_keep_groups_and_first_prompt_are_checked_in_one_line(tmp_path):

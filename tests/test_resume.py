@@ -52,6 +52,17 @@ def test_a_crashed_run_resumes_and_ends_with_the_uninterrupted_pool(tmp_path):
         generate_pool(hf_config(out), on_batch=crash_after(2))
     assert not out.exists() and parts(out) == ["part-000000.parquet", "part-000001.parquet"]
 
+    # The same command typed while another still writes (or a Slurm task requeued while its predecessor is
+    # being killed) is refused with one line naming the holder, and the stored parts stay as they were.
+    state, stored = partial_dir(out), (partial_dir(out) / PROGRESS_FILE).read_bytes()
+    with one_writer(state), pytest.raises(UserError) as refused:  # held as a running generate-pool holds it
+        generate_pool(hf_config(out))
+    assert str(refused.value) == (
+        f"{state} is being written by pid {os.getpid()} on {socket.gethostname()}; {out} has one "
+        "generate-pool: let it finish (or stop it), then run it again"
+    )
+    assert (state / PROGRESS_FILE).read_bytes() == stored and not out.exists()
+
     seen = []
     generate_pool(hf_config(out), on_batch=lambda p: seen.append((p.prompts_resumed, p.prompts_done)))
     assert seen == [(8, 12)]  # only the third batch was sampled again
@@ -60,29 +71,6 @@ def test_a_crashed_run_resumes_and_ends_with_the_uninterrupted_pool(tmp_path):
     meta, expected = read_pool_info(out).raw, read_pool_info(whole).raw
     assert meta["counts"] == expected["counts"] and meta["reward"] == expected["reward"]
     assert not partial_dir(out).exists()
-
-
-def test_a_second_command_on_a_live_generation_is_refused_and_leaves_its_parts(tmp_path):
-    """The same generate-pool typed while another still writes (or a Slurm task requeued while its
-    predecessor is being killed) is refused with one line naming the holder; the holder's stored parts are
-    left as they were, and once it is gone the command resumes them."""
-    out, state = tmp_path / "pool.parquet", partial_dir(tmp_path / "pool.parquet")
-    with pytest.raises(Crash):
-        generate_pool(hf_config(out, num_prompts=8), on_batch=crash_after(1))
-    stored = (state / PROGRESS_FILE).read_bytes()
-    rule = f"{out} has one generate-pool"
-    with one_writer(state, rule=rule, then="run it again"):  # held as a running generate-pool holds it
-        with pytest.raises(UserError) as refused:
-            generate_pool(hf_config(out, num_prompts=8))
-    holder = f"pid {os.getpid()} on {socket.gethostname()}"
-    assert str(refused.value) == (
-        f"{state} is being written by {holder}; {out} has one generate-pool: let it finish (or stop it), "
-        "then run it again"
-    )
-    assert (state / PROGRESS_FILE).read_bytes() == stored and not out.exists()
-    seen = []
-    generate_pool(hf_config(out, num_prompts=8), on_batch=lambda p: seen.append(p.prompts_resumed))
-    assert seen == [4] and not state.exists()  # resumed after the stored batch; its state gone with it
 
 
 def test_a_changed_command_refuses_to_resume_and_names_the_difference(tmp_path):

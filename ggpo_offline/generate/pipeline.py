@@ -310,9 +310,10 @@ def _refuse_too_few_groups(
     partial.remove()
     if kept == 0:
         raise UserError("no group was kept (--mixed-only and no prompt had a mixed group); nothing written")
+    sampled = f"{len(prompts.keep)} prompt{'s' if len(prompts.keep) > 1 else ''}"
     raise UserError(
-        f"--keep-groups {wanted}: the {len(prompts.keep)} prompts from --first-prompt {config.first_prompt} "
-        f"kept only {kept} groups; nothing written (give more prompts with --num-prompts)"
+        f"--keep-groups {wanted}: the {sampled} from --first-prompt {config.first_prompt} kept {kept} "
+        f"group{'s' if kept > 1 else ''}; nothing written (give more prompts with --num-prompts)"
     )
 
 
