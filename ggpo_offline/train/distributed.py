@@ -263,13 +263,14 @@ def doing(what: str) -> None:
 def stop_when_asked(ranks: Ranks) -> None:
     """Read `STOP_VARIABLE` once, where a run starts: set to "<rank>:<activity>" points (comma-separated),
     `doing` stops this process on reaching each of its own; unset, `doing` calls nothing more."""
-    points = os.environ.get(STOP_VARIABLE)
-    if points is None:
+    given = os.environ.get(STOP_VARIABLE)
+    if given is None:
         _on_doing.pop(STOP_VARIABLE, None)
         return
+    points = set(given.split(","))
 
     def stop_at_point(what: str) -> None:
-        if f"{ranks.rank}:{what}" in points.split(","):
+        if f"{ranks.rank}:{what}" in points:
             os.kill(os.getpid(), signal.SIGSTOP)
 
     _on_doing[STOP_VARIABLE] = stop_at_point
