@@ -64,18 +64,27 @@ def load_run(run_dir: Path, method: str, seed: int) -> RunRecord:
     )
 
 
+def _started_on(record: RunRecord) -> tuple[str, str]:
+    """(pool, data order) fingerprints of the data a run shares with the others: all it trained on, or,
+    for a run that sampled rounds of its own (--sync-every), the pool and plan it started from."""
+    if record.settings.setting("sync_every") in (None, record.settings.updates):
+        return record.result.pool_fingerprint, record.result.data_order_fingerprint
+    return record.settings.setting("pool_fingerprint"), record.settings.setting("data_order_fingerprint")
+
+
 def check_data_plans(records: list[RunRecord]) -> dict[int, str]:
-    """The data-order fingerprint of each seed; UserError when runs of a seed (or the pool) disagree."""
-    pools = {r.result.pool_fingerprint for r in records}
+    """The data-order fingerprint of each seed (its first round's, for runs that sample rounds); UserError
+    when runs of a seed (or the pool) disagree."""
+    pools = {_started_on(r)[0] for r in records}
     if len(pools) > 1:
         raise UserError(f"the runs were trained on {len(pools)} different pools; refusing to report")
     plans: dict[int, str] = {}
     for record in records:
-        fingerprint = record.result.data_order_fingerprint
+        fingerprint = _started_on(record)[1]
         first = plans.setdefault(record.seed, fingerprint)
         if fingerprint != first:
             others = [r for r in records if r.seed == record.seed]
-            listing = ", ".join(f"{r.run_dir.name} {r.result.data_order_fingerprint[:12]}" for r in others)
+            listing = ", ".join(f"{r.run_dir.name} {_started_on(r)[1][:12]}" for r in others)
             raise UserError(
                 f"seed {record.seed}: the runs do not share one data plan ({listing}); refusing to report"
             )

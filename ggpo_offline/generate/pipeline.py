@@ -69,7 +69,7 @@ class Progress(RolloutTotals):
     truncated: int = 0
 
 
-def _dataset_kwargs(config: GenerateConfig) -> dict:
+def dataset_kwargs(config: GenerateConfig) -> dict:
     limit = config.num_prompts
     if limit is None and config.dataset.split(":")[0] == "arith":
         limit = DEFAULT_ARITH_PROMPTS
@@ -137,14 +137,14 @@ def _rows(
 def generate_pool(
     config: GenerateConfig,
     on_batch: Callable[[Progress], None] | None = None,
-    engine: Engine | None = None,
+    engine: "Engine | KeptEngine | None" = None,
 ) -> Path:
     """Write the pool described by ``config``; returns its path. Raises UserError on bad input.
 
     Every finished batch is stored durably in ``.<out name>.partial/`` beside ``out``; rerunning the
     same command after a crash resumes after the last stored batch (a command with other settings is
-    refused). ``engine`` reuses an already started engine for the same model (it is left running); by
-    default the engine named in ``config`` is started here and closed at the end.
+    refused). ``engine`` reuses an already started engine for the same model, or a `KeptEngine` (either is
+    left running); by default the engine named in ``config`` is started here and closed at the end.
     """
     validate_generate_config(config)
     out = Path(config.out)
@@ -156,10 +156,13 @@ def generate_pool(
 
 
 def _generate_pool(
-    config: GenerateConfig, out: Path, on_batch: Callable[[Progress], None] | None, engine: Engine | None
+    config: GenerateConfig,
+    out: Path,
+    on_batch: Callable[[Progress], None] | None,
+    engine: "Engine | KeptEngine | None",
 ) -> Path:
     check_output_path(out, config.overwrite)  # before any slow work; held: an earlier holder may have ended
-    problems, dataset_meta = load_dataset(config.dataset, **_dataset_kwargs(config))
+    problems, dataset_meta = load_dataset(config.dataset, **dataset_kwargs(config))
     rule = dataset_answer_rule(config.dataset, config.columns.answer_rule, problems)
     model_dir = resolve_model_dir(config.model)
     tokenizer = load_tokenizer(model_dir)
@@ -174,6 +177,8 @@ def _generate_pool(
     owns_engine = engine is None
     if owns_engine:
         engine = _start_engine(config, model_dir, prompts.max_model_len)
+    elif isinstance(engine, KeptEngine):
+        engine = engine.for_pool(config, model_dir, prompts.max_model_len)
     try:
         _sample_and_store(config, engine, tokenizer, prompts, rule, partial, progress, on_batch)
         footer = _footer(
@@ -206,24 +211,28 @@ class _Prompts:
 def _shard_prompts(
     config: GenerateConfig, problems: list[Problem], tokenizer, template: str, model_dir: Path
 ) -> _Prompts:
-    """Encode every problem; keep this shard's prompts from --first-prompt on within the model's prompt limit
-    (refused when none)."""
+    """Encode the problems from --first-prompt on (a round of a training run starts deep into its dataset);
+    keep this shard's prompts within the model's prompt limit (refused when none)."""
     first = config.first_prompt
     if first >= len(problems):
         raise UserError(f"--first-prompt {first} is past the dataset's last prompt ({len(problems)} prompts)")
-    texts, token_ids = encode_prompts(tokenizer, problems, template)
+    texts, token_ids = encode_prompts(tokenizer, problems[first:], template)
+    texts, token_ids = [""] * first + texts, [[]] * first + token_ids
     prompt_limit = prompt_token_limit(model_dir, config.sampling.max_tokens)
-    fits = [i for i, ids in enumerate(token_ids) if len(ids) <= prompt_limit]
+    fits = [i for i in range(first, len(problems)) if len(token_ids[i]) <= prompt_limit]
     if not fits:
-        raise UserError(f"every prompt is longer than {prompt_limit} tokens (model limit minus --max-tokens)")
+        raise UserError(
+            f"every prompt from --first-prompt {first} is longer than {prompt_limit} tokens (model limit "
+            "minus --max-tokens)"
+        )
     max_model_len = max(len(token_ids[i]) for i in fits) + config.sampling.max_tokens
     in_shard = range(first + config.shard_index, len(problems), config.num_shards)
-    keep = [i for i in fits if i >= first and (i - first) % config.num_shards == config.shard_index]
+    keep = [i for i in fits if (i - first) % config.num_shards == config.shard_index]
     if not keep:
         raise UserError(
             f"shard {config.shard_index} of {config.num_shards} has no prompt that fits "
-            f"({len(problems) - first} prompts from --first-prompt {first}, {len(fits)} of the dataset's "
-            f"{len(problems)} within {prompt_limit} tokens)"
+            f"({len(problems) - first} prompts from --first-prompt {first}, {len(fits)} of them within "
+            f"{prompt_limit} tokens)"
         )
     return _Prompts(problems, texts, token_ids, keep, len(in_shard) - len(keep), max_model_len)
 
@@ -238,6 +247,31 @@ def _start_engine(config: GenerateConfig, model_dir: Path, max_model_len: int) -
         tensor_parallel_size=config.tensor_parallel_size,
         data_parallel_size=config.data_parallel_size,
     )
+
+
+class KeptEngine:
+    """One engine for pools sampled by successive checkpoints of a model: started for the first pool, given
+    each next pool's weights in place (`Engine.load_weights`), started again only for a longer prompt."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self.model_dir: Path | None = None
+        self.max_model_len = 0
+
+    def for_pool(self, config: GenerateConfig, model_dir: Path, max_model_len: int) -> Engine:
+        if self.engine is not None and max_model_len > self.max_model_len:
+            self.close()
+        if self.engine is None:
+            self.engine, self.max_model_len = _start_engine(config, model_dir, max_model_len), max_model_len
+        elif model_dir != self.model_dir:
+            self.engine.load_weights(model_dir)
+        self.model_dir = model_dir
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+        self.engine, self.model_dir = None, None
 
 
 def _sample_and_store(

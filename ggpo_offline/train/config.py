@@ -99,6 +99,21 @@ class TrainConfig:
     fsdp: bool = setting(
         False, "With several processes: shard the model with FSDP2 instead of replicating it with DDP (GPUs)."
     )
+    sync_every: int | None = setting(
+        None,
+        "N: every N updates the current policy samples the next round of N x G mixed groups with the pool's "
+        "prompts and settings (Algorithm 1); absent: the pool is replayed offline (N = U).",
+    )
+    sync_dataset: str | None = setting(
+        None,
+        "The prompts of the --sync-every rounds, as generate-pool's --dataset gives them [default: the "
+        "pool's own dataset, from the prompt after its last].",
+    )
+    behavior_logprobs: Literal["engine", "learner"] = setting(
+        "engine",
+        "The behavior log-probs of the --sync-every rounds: the sampling engine's, or the learner's on the "
+        "sampling checkpoint (the control without training-inference mismatch).",
+    )
     log_every: int = setting(1, "Log metrics every N updates (block ESS at every block end regardless).")
     ess_block: int = setting(8, "Updates per block of the block-level sequence ESS (paper: 8 minibatches).")
     probe_groups: int = setting(
@@ -233,6 +248,16 @@ def _checks(config: TrainConfig) -> list[tuple[bool, str]]:
         (config.groups_per_batch >= 1, f"--groups-per-batch must be >= 1, got {config.groups_per_batch}"),
         (config.lr > 0, f"--lr must be > 0, got {config.lr}"),
         *_learner_checks(config),
+        (
+            config.sync_every is None or 1 <= config.sync_every <= config.updates,
+            f"--sync-every must be in 1..{config.updates} (--updates), got {config.sync_every}",
+        ),
+        (
+            config.sync_every is not None
+            or (config.sync_dataset, config.behavior_logprobs) == (None, "engine"),
+            "--sync-dataset and --behavior-logprobs set how --sync-every samples its rounds: give "
+            "--sync-every",
+        ),
         (config.log_every >= 1, f"--log-every must be >= 1, got {config.log_every}"),
         (config.ess_block >= 1, f"--ess-block must be >= 1, got {config.ess_block}"),
         (config.probe_groups >= 0, f"--probe-groups must be >= 0, got {config.probe_groups}"),

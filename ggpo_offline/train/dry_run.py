@@ -14,7 +14,7 @@ from ggpo_offline.train.run_records import RunSettings
 
 SHAPE = (
     "model", "updates", "groups_per_batch", "micro_batch_size", "forward_tokens", "threads", "fsdp",
-    "eval_every", "eval_num_problems", "eval_n", "test_num_problems", "no_test",
+    "eval_every", "eval_num_problems", "eval_n", "test_num_problems", "no_test", "sync_every",
 )  # fmt: skip
 """The settings a run's time depends on: earlier runs that share them predict a new one's."""
 REPORTS = Path("reports")
@@ -34,7 +34,8 @@ class RunPlan:
 
     @property
     def groups_needed(self) -> int:
-        return self.config.updates * self.config.groups_per_batch
+        """Of the pool: all the run's groups, or its first round's with --sync-every."""
+        return (self.config.sync_every or self.config.updates) * self.config.groups_per_batch
 
     @property
     def mixed_groups(self) -> int:
@@ -141,9 +142,11 @@ def plan_lines(plan: RunPlan) -> list[str]:
     lines = [
         f"pool: {pool.path}: {pool.index.total_groups} groups x {pool.index.group_size}, {plan.mixed_groups}"
         f" with mixed rewards",
-        f"data: {config.updates} updates x {config.groups_per_batch} groups = {plan.groups_needed} mixed"
-        f" groups per seed, of {plan.mixed_groups} ({plan.mixed_groups - plan.groups_needed} to spare)",
+        f"data: {config.sync_every or config.updates} updates x {config.groups_per_batch} groups = "
+        f"{plan.groups_needed} mixed groups per seed, of {plan.mixed_groups} "
+        f"({plan.mixed_groups - plan.groups_needed} to spare)",
     ]
+    lines += _round_lines(plan)
     evaluation = config.evaluation
     if evaluation.eval_every is None:
         lines.append("evaluations: none (no --eval-every)")
@@ -163,3 +166,31 @@ def plan_lines(plan: RunPlan) -> list[str]:
 
 def _problems(count: int | None) -> str:
     return "every problem" if count is None else f"{count} problems"
+
+
+def _round_lines(plan: RunPlan) -> list[str]:
+    """The rounds a --sync-every run samples, and what sampling them costs at the pool's own pace; or the
+    recorded rounds a replay trains on."""
+    config, inputs = plan.config, plan.inputs
+    if inputs.recorded is not None:
+        pools = ", ".join(Path(r.pool).name for r in inputs.recorded)
+        return [f"rounds: {len(inputs.recorded)} recorded rounds replayed in order ({pools})"]
+    if config.sync_every is None:
+        return []
+    source, n = inputs.prompt_source, config.sync_every
+    rounds = -(-config.updates // n)
+    if source is None:
+        return [f"rounds: 1 (--sync-every {n} covers all {config.updates} updates: the offline run)"]
+    groups = n * config.groups_per_batch
+    prompts = round(groups / source.mixed_rate)
+    counts, seconds = inputs.info.counts, inputs.info.generation_seconds
+    pace = "at an unknown pace (the pool records no generation time)"
+    if seconds and counts.prompts:
+        pace = f"~{_duration((rounds - 1) * prompts * seconds / counts.prompts)} in all at the pool's pace"
+    return [
+        f"rounds: {rounds} of {n} updates; round 0 is the pool, rounds 1..{rounds - 1} are sampled by the "
+        f"checkpoints of updates {n}, {2 * n}, ...",
+        f"sampling: {groups} mixed groups a round from {source.dataset} (prompt {source.next_prompt} on), "
+        f"about {prompts} prompts each at the pool's mixed rate {source.mixed_rate:.0%}, {pace}; "
+        f"{config.behavior_logprobs} behavior log-probs",
+    ]

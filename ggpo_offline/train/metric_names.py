@@ -36,3 +36,17 @@ GENERATED_PREFIX = "eval/generated/"
 GENERATED_METRICS = tuple(f"{GENERATED_PREFIX}{name}" for name in generated.DIAGNOSTICS)
 """What each evaluation's samples looked like (`ggpo_offline.evaluate.generated`), logged with its scores."""
 CHECKPOINT_METRICS = PROBE_METRICS + GENERATED_METRICS
+
+# What a --sync-every run logs at each round's first update: the round's pool under the policy that sampled
+# it, before any update on it (Figure 7's diagnostics; λ_t = log π_θ(a_t) − log μ(a_t) with π_θ the
+# sampling checkpoint, so λ is the training-inference mismatch alone). The per-update mismatch/* metrics
+# then show the same as the round ages.
+ROUND_INDEX = "round/index"
+ROUND_K3 = "round/k3"
+"""Token mean of exp(λ_t) − λ_t − 1 over the round."""
+ROUND_ESS = "round/ess"
+"""Normalized sequence ESS of exp(Σ_t λ_t) over the round's responses."""
+ROUND_RATIO_QUANTILES = {"round/ratio_p05": 0.05, "round/ratio_p50": 0.5, "round/ratio_p95": 0.95}
+"""Quantiles of the token ratio exp(λ_t) over the round's tokens."""
+ROUND_ENTROPY = "round/entropy"
+ROUND_LENGTH = "round/response_length"

@@ -25,8 +25,10 @@ from ggpo_offline.train.pool_index import (
 )
 
 if TYPE_CHECKING:
+    from ggpo_offline.generate.resample import PromptSource
     from ggpo_offline.train.distributed import Ranks
     from ggpo_offline.train.pi0_cache import Pi0Cache
+    from ggpo_offline.train.rounds import RoundRecord
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,12 @@ class RunInputs:
     temperature: float
     """The pool's sampling temperature, which every log-prob of the run uses."""
     plan: np.ndarray
+    """The planned minibatches of the pool (of its first round only, with --sync-every)."""
     fingerprints: Fingerprints
+    prompt_source: "PromptSource | None" = None
+    """Where a --sync-every run samples its rounds (None: it has no round to sample)."""
+    recorded: "list[RoundRecord] | None" = None
+    """The rounds a replay of a run's rounds/ trains on (None: a pool is trained on)."""
 
     @property
     def info(self) -> PoolInfo:
@@ -91,8 +98,9 @@ class RunInputs:
 
 def plan_data(config: TrainConfig, index: PoolIndex, pool_print: str) -> DataPlan:
     """The run's minibatches (`plan_minibatches`) on the pool indexed by ``index``, whose
-    `pool_fingerprint` is ``pool_print``."""
-    plan = plan_minibatches(index, config.seed, config.updates, config.groups_per_batch)
+    `pool_fingerprint` is ``pool_print``: with --sync-every, its first round's."""
+    updates = config.updates if config.sync_every is None else config.sync_every
+    plan = plan_minibatches(index, config.seed, updates, config.groups_per_batch)
     return DataPlan(plan, Fingerprints(pool_print, data_order_fingerprint(plan)))
 
 
@@ -112,39 +120,79 @@ def read_inputs(
     fingerprints that identify pool and plan; ``ranks``: the processes of a torchrun job (None: this
     process alone)."""
     from ggpo_offline.train.distributed import SINGLE_PROCESS, check_split
+    from ggpo_offline.train.rounds import is_recorded_rounds
 
     check_split(config.groups_per_batch, SINGLE_PROCESS if ranks is None else ranks)
+    if is_recorded_rounds(config.pool):
+        return _replay_inputs(config)
     if pool is None or pool.path != Path(config.pool):
         pool = check_pool(config.pool)
+    model_dir, tokenizer, temperature = _model_and_sampling(config, pool)
+    data = plan_data(config, pool.index, pool.fingerprint)
+    source = _prompt_source(config, pool)
+    return RunInputs(pool, model_dir, tokenizer, temperature, data.plan, data.fingerprints, source)
+
+
+def _model_and_sampling(config: TrainConfig, pool: CheckedPool) -> tuple[Path, object, float]:
+    """The pool's initial model and tokenizer (checked against it) and its temperature (`check_sampling`)."""
     model_dir = initial_model_dir(config.model, pool.info.model.location)
     tokenizer = load_tokenizer(model_dir)
     check_tokenizer(config, pool.info, tokenizer)
-    temperature = check_sampling(pool.path, pool.info.sampling, config.allow_truncated_sampling)
-    data = plan_data(config, pool.index, pool.fingerprint)
-    return RunInputs(pool, model_dir, tokenizer, temperature, data.plan, data.fingerprints)
+    return (
+        model_dir,
+        tokenizer,
+        check_sampling(pool.path, pool.info.sampling, config.allow_truncated_sampling),
+    )
 
 
-def score_pi0(config: TrainConfig, inputs: RunInputs, ranks: "Ranks | None" = None) -> "Pi0Cache":
+def _prompt_source(config: TrainConfig, pool: CheckedPool) -> "PromptSource | None":
+    """Where a --sync-every run samples its rounds after the first, checked to hold the prompts they need."""
+    if config.sync_every is None or config.sync_every >= config.updates:
+        return None
+    from ggpo_offline.generate.resample import prompt_source
+
+    source = prompt_source(pool.path, pool.info, config.sync_dataset)
+    source.check_prompts_left((config.updates - config.sync_every) * config.groups_per_batch)
+    return source
+
+
+def _replay_inputs(config: TrainConfig) -> RunInputs:
+    """A replay of a run's recorded rounds: its first round's pool and model, every round's minibatches."""
+    from ggpo_offline.train.rounds import replayed_records, round_pool_path, rounds_fingerprints
+
+    records = replayed_records(config)
+    pool = check_pool(round_pool_path(Path(config.pool), records[0]))
+    model_dir, tokenizer, temperature = _model_and_sampling(config, pool)
+    plan = np.concatenate([np.array(r.plan, dtype=np.int64) for r in records])[: config.updates]
+    fingerprints = Fingerprints(*rounds_fingerprints(records, config.updates))
+    return RunInputs(pool, model_dir, tokenizer, temperature, plan, fingerprints, recorded=records)
+
+
+def score_pi0(
+    config: TrainConfig,
+    inputs: RunInputs,
+    ranks: "Ranks | None" = None,
+    pool: CheckedPool | None = None,
+    model_dir: Path | None = None,
+) -> "Pi0Cache":
     """The initial model's log-probs of the pool with the run's numerics: scored once per pool, model and
     numerics (a no-op when the cache exists) and shared by every run on the pool. Under torchrun rank 0
-    scores while the others wait, then every rank opens the cache."""
+    scores while the others wait, then every rank opens the cache. ``pool`` and ``model_dir``: another
+    pool (a round's) and another model (a checkpoint's) scored the same way."""
     from ggpo_offline.train.distributed import SINGLE_PROCESS, device_of, doing, wait_for_main
     from ggpo_offline.train.pi0_cache import score_pool
 
     ranks = SINGLE_PROCESS if ranks is None else ranks
     sharded, device = ranks.distributed and config.fsdp, device_of(ranks)
+    pool = inputs.pool if pool is None else pool
+    model_dir = inputs.model_dir if model_dir is None else model_dir
 
     def score() -> "Pi0Cache":
         return score_pool(
-            inputs.pool,
-            inputs.model_dir,
-            device,
-            inputs.temperature,
-            sharded=sharded,
-            packed=not config.no_packing,
+            pool, model_dir, device, inputs.temperature, sharded=sharded, packed=not config.no_packing
         )
 
-    doing("scoring the π0 cache" if ranks.main else "waiting for the π0 cache")
+    doing(f"scoring the log-probs of {pool.path.name}" if ranks.main else "waiting for the log-prob cache")
     cache = score() if ranks.main else None
     wait_for_main(ranks)
     return score() if cache is None else cache  # the other ranks open what rank 0 wrote

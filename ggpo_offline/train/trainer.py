@@ -3,10 +3,12 @@ backward → step, record, checkpoint), each minibatch used once."""
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,6 +44,7 @@ from ggpo_offline.train.probe import DriftProbe, drift_probe
 from ggpo_offline.train.profile import RunProfile
 from ggpo_offline.train.run_inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
 from ggpo_offline.train.run_tracking import FLUSH_EVERY, Run, failures_explained
+from ggpo_offline.train.sync import RunRounds
 from ggpo_offline.train.update_metrics import EssBlock, StepDiagnostics
 
 
@@ -57,16 +60,31 @@ class TrainResult:
 
 
 class PlannedMinibatches:
-    """This rank's share of each planned update's minibatch, read from the pool when asked for."""
+    """This rank's share of each planned update's minibatch, read from the pool when asked for: of the
+    round being trained (`enter`; an offline run is one round)."""
 
     def __init__(self, inputs: RunInputs, ranks: Ranks):
-        self.reader = MinibatchReader(
-            inputs.pool.path, inputs.index, pad_id=inputs.tokenizer.pad_token_id or 0
-        )
-        self.plan, self.ranks = inputs.plan, ranks
+        self.ranks, self.pad_id = ranks, inputs.tokenizer.pad_token_id or 0
+        self.enter(inputs.pool, inputs.plan, 0)  # a run with rounds enters its first at its first update
+
+    def enter(
+        self, pool: CheckedPool, plan: np.ndarray, start: int, behavior: Pi0Cache | None = None
+    ) -> None:
+        """Serve updates ``start`` .. ``start + len(plan) - 1`` from ``pool``; ``behavior``: log-probs that
+        take the pool's behavior log-probs' place (--behavior-logprobs learner)."""
+        self.reader = MinibatchReader(pool.path, pool.index, pad_id=self.pad_id)
+        self.plan, self.start, self.behavior = plan, start, behavior
+
+    @property
+    def end(self) -> int:
+        """The update after the round's last."""
+        return self.start + len(self.plan)
 
     def __getitem__(self, update: int) -> Minibatch:
-        return self.reader.read(rank_groups(self.plan[update].tolist(), self.ranks))
+        batch = self.reader.read(rank_groups(self.plan[update - self.start].tolist(), self.ranks))
+        if self.behavior is not None:
+            batch.behavior_logp = self.behavior.logprobs(batch)
+        return batch
 
 
 class Trainer:
@@ -168,20 +186,21 @@ class Trainer:
 
     # -- one update ---------------------------------------------------------------------------------
     def refresh_anchors(self, minibatches: PlannedMinibatches) -> None:
-        """π_ref ← π_θ every T_ref updates (global counter); π_old ← π_θ at each TIS block start.
+        """π_ref ← π_θ every T_ref updates (global counter); π_old ← π_θ at each TIS block start and where
+        a round starts (the learner's copy of the policy that sampled it, Algorithm 1 line 3).
 
         A refresh runs the current weights without gradients over the ``minibatches`` the new anchor will
-        serve (the next T_ref updates, or the TIS block), exactly what a frozen copy would compute then.
+        serve (the next T_ref updates, or the TIS block) within the round, exactly what a frozen copy would
+        compute then; a later round's π_ref log-probs are scored from the refresh's checkpoint (`RunRounds`).
         """
-        t_ref, block, last = self.config.ref_refresh, self.config.tis_block, self.config.updates
+        t_ref, block, end = self.config.ref_refresh, self.config.tis_block, minibatches.end
         if self.needs_ref and t_ref and self.update > 0 and self.update % t_ref == 0:
             self.ref_window = self._anchor_pass(
-                minibatches, range(self.update, min(self.update + t_ref, last))
+                minibatches, range(self.update, min(self.update + t_ref, end))
             )
-        if self.needs_old and self.update % block == 0:
-            self.old_window = self._anchor_pass(
-                minibatches, range(self.update, min(self.update + block, last))
-            )
+        if self.needs_old and (self.update % block == 0 or self.update == minibatches.start):
+            block_end = (self.update // block + 1) * block
+            self.old_window = self._anchor_pass(minibatches, range(self.update, min(block_end, end)))
 
     @torch.no_grad()
     def _anchor_pass(self, minibatches: PlannedMinibatches, updates: range) -> dict[int, list[torch.Tensor]]:
@@ -369,11 +388,27 @@ def train(
                     tracking.check_tracking_reachable(config.tracking_uri or tracking.default_tracking_uri())
                 run = Run(config, ranks, resume=resume, overwrite=overwrite, profile=profile)
                 trainer, minibatches = _started(config, run, inputs, ranks, resume, parent_run_id, profile)
-                with tracking.ending(run.tracker):
-                    final = _updates(trainer, minibatches, evaluations, run, inputs.filtered_frac, on_update)
+                with tracking.ending(run.tracker), _rounds(config, inputs, run, ranks, timeouts) as rounds:
+                    final = _updates(trainer, minibatches, evaluations, run, inputs, rounds, on_update)
+                    fingerprints = inputs.fingerprints if rounds is None else rounds.fingerprints()
                 selected = evaluations.test(run.folder)
-            run.finish(final, inputs.fingerprints, selected)
-    return TrainResult(run.folder.path, final, run.run_id, inputs.fingerprints, run.history)
+            run.finish(final, fingerprints, selected)
+    return TrainResult(run.folder.path, final, run.run_id, fingerprints, run.history)
+
+
+@contextmanager
+def _rounds(
+    config: TrainConfig, inputs: RunInputs, run: Run, ranks: Ranks, timeouts: Timeouts
+) -> Iterator[RunRounds | None]:
+    """The run's rounds (`RunRounds`): with --sync-every, or replaying a run's rounds; None offline."""
+    if config.sync_every is None and inputs.recorded is None:
+        yield None
+        return
+    rounds = RunRounds(config, inputs, run.folder, ranks, timeouts, run.profile)
+    try:
+        yield rounds
+    finally:
+        rounds.close()
 
 
 def _started(
@@ -405,23 +440,29 @@ def _updates(
     minibatches: PlannedMinibatches,
     evaluations: CheckpointEvaluations,
     run: Run,
-    filtered_frac: float,
+    inputs: RunInputs,
+    rounds: RunRounds | None,
     on_update: Callable[[int, dict], None] | None,
 ) -> Path:
-    """Every update left, each evaluated when due, trained, recorded and checkpointed when due; then the
-    last evaluation and the final model, whose folder this returns."""
-    config, profile = trainer.config, trainer.profile
-    for update in range(trainer.update, config.updates):
+    """Every update left, each evaluated when due, trained (on the round it belongs to, entered where it
+    starts), recorded and checkpointed when due; then the last evaluation and the final model, whose folder
+    this returns."""
+    config, profile, first = trainer.config, trainer.profile, trainer.update
+    for update in range(first, config.updates):
         evaluation = evaluations.at(update, run.folder, trainer.drift)  # of the checkpoint before the update
+        entered = {}
+        if rounds is not None and (update == first or rounds.starts_round(update)):
+            entered = rounds.enter(update, trainer, minibatches)  # its pool sampled first, when new
         doing(f"training update {update}")
         trainer.refresh_anchors(minibatches)  # π_ref / π_old, when one is due now
         metrics = trainer.step(minibatches[update])  # log-probs → loss → backward → step
-        metrics[FILTERED_FRAC] = filtered_frac
+        metrics[FILTERED_FRAC] = inputs.filtered_frac
+        metrics.update(entered)
         done = update + 1
         run.record(update, evaluation, metrics, last=done == config.updates)
         if on_update is not None:
             on_update(update, metrics)
-        if _checkpoint_due(config, evaluations, done):
+        if _checkpoint_due(config, evaluations, done) or (rounds is not None and rounds.checkpoint_due(done)):
             run.flush()  # the metrics reach the store with the checkpoint that gives them
             doing(f"saving the checkpoint of update {done}")
             with profile.phase("checkpoint", done):

@@ -1,0 +1,150 @@
+"""A pool's prompts and settings sampled again by a later policy: the pool of a training run's next round
+(Algorithm 1, lines 3-8), and the process that samples every round of a run with one kept engine."""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.remote import RemoteWorker
+from ggpo_offline.core.settings import config_from, leaves
+from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig
+from ggpo_offline.generate.engines.base import SamplingSettings
+from ggpo_offline.pool.info import PoolInfo
+from ggpo_offline.pool.source import open_pool
+
+ROUND_SETTINGS_LEFT_OUT = (
+    "model", "num_prompts", "first_prompt", "keep_groups", "mixed_only", "out", "overwrite", "shard_index",
+    "num_shards",
+)  # fmt: skip
+"""The settings a round chooses itself; every other one is the pool's."""
+WINDOW_MARGIN = 2
+"""A round may draw this many times the prompts its groups need at the pool's mixed rate (plus a few)."""
+
+
+@dataclass(frozen=True)
+class PromptSource:
+    """Where the rounds of a run draw their prompts from and how they sample them: the pool's dataset from
+    the prompt after its last (or --sync-dataset from its first), with the pool's generation settings."""
+
+    settings: dict
+    """`GenerateConfig` settings by name, the round's own left out."""
+    next_prompt: int
+    """Dataset position of the first prompt no round has used yet."""
+    mixed_rate: float
+    """The pool's share of mixed-reward groups among the prompts it sampled."""
+
+    @property
+    def dataset(self) -> str:
+        return self.settings.get("dataset", GenerateConfig.dataset)
+
+    def window(self, groups: int) -> int:
+        """The prompts a round of ``groups`` mixed groups may draw."""
+        return WINDOW_MARGIN * math.ceil(groups / self.mixed_rate) + 8
+
+    def round_config(self, model: Path, first_prompt: int, groups: int, out: Path) -> GenerateConfig:
+        """The pool of one round: ``model`` samples from ``first_prompt`` on until ``groups`` mixed-reward
+        groups are kept."""
+        return config_from(
+            GenerateConfig,
+            {
+                **self.settings,
+                "model": str(model),
+                "first_prompt": first_prompt,
+                "num_prompts": first_prompt + self.window(groups),
+                "keep_groups": groups,
+                "mixed_only": True,
+                "out": out,
+            },
+            where=f"the pool's recorded settings for {out}",
+        )
+
+    def check_prompts_left(self, groups: int) -> None:
+        """Refused, with one line, when the dataset cannot hold the prompts that ``groups`` mixed groups
+        need at the pool's mixed rate after ``next_prompt``."""
+        from ggpo_offline.generate.datasets import load_dataset
+        from ggpo_offline.generate.pipeline import dataset_kwargs
+
+        needed = math.ceil(groups / self.mixed_rate)
+        config = self.round_config(Path("-"), self.next_prompt, groups, Path("-"))
+        try:
+            wanted = dataclasses.replace(config, num_prompts=self.next_prompt + needed)
+            found = len(load_dataset(wanted.dataset, **dataset_kwargs(wanted))[0])
+        except UserError as error:
+            found, why = None, f" ({error})"
+        else:
+            why = ""
+        left = None if found is None else found - self.next_prompt
+        if left is None or left < needed:
+            has = "too few" if left is None else f"{max(left, 0)}"
+            raise UserError(
+                f"--sync-every: the rounds need about {needed} prompts ({groups} mixed-reward groups at the "
+                f"pool's mixed rate {self.mixed_rate:.0%}) but {self.dataset} has {has} after prompt "
+                f"{self.next_prompt}{why}; give more prompts with --sync-dataset, or fewer --updates"
+            )
+
+
+def prompt_source(pool: Path, info: PoolInfo, dataset: str | None) -> PromptSource:
+    """The prompt source of ``pool`` (footer ``info``), or of ``dataset`` (--sync-dataset) with the pool's
+    sampling settings; refused when the pool records no dataset to sample again (an import)."""
+    recorded = info.config or {}
+    sampling = {f.name: getattr(info.sampling, f.name) for f in dataclasses.fields(SamplingSettings)}
+    settings = {
+        **{k: v for k, v in recorded.items() if k in leaves(GenerateConfig)},
+        **{k: v for k, v in sampling.items() if v is not None},
+    }
+    settings = {k: v for k, v in settings.items() if k not in ROUND_SETTINGS_LEFT_OUT}
+    counts = info.counts
+    rate = counts.mixed_groups / counts.prompts if counts.prompts and counts.mixed_groups else 1.0
+    if dataset is not None and dataset != recorded.get("dataset"):
+        return PromptSource({**settings, "dataset": dataset}, 0, rate)
+    if "dataset" not in recorded:
+        raise UserError(
+            f"{pool} records no dataset to sample rounds from (dataset {info.dataset.spec}): give its "
+            "prompts with --sync-dataset"
+        )
+    return PromptSource(settings, _next_prompt(pool, info, recorded), rate)
+
+
+def _next_prompt(pool: Path, info: PoolInfo, recorded: dict) -> int:
+    """The dataset position after the pool's last prompt: after its last group when it stopped at
+    --keep-groups, else after every prompt it loaded."""
+    if recorded.get("keep_groups") is None:
+        loaded = info.dataset.other.get("num_problems")
+        return loaded if loaded is not None else recorded.get("num_prompts") or DEFAULT_ARITH_PROMPTS
+    ids = [pq.read_table(f, columns=["group_id"]).column("group_id") for f in open_pool(pool).files]
+    return max(pc.max(column).as_py() for column in ids) + 1
+
+
+class RemoteSampler:
+    """Samples a run's rounds (`generate_pool`) in a process of its own, with one engine kept across them
+    (`KeptEngine`): the trainer's threads, process group and memory stay its own."""
+
+    def __init__(self, timeout_s: float):
+        self._worker = RemoteWorker("the sampling engine", _SamplingHandler, None, timeout_s)
+
+    def sample(self, config: GenerateConfig) -> Path:
+        """The pool of ``config`` written (its own resume state kept until it is in place)."""
+        return self._worker.ask(("generate", config), f"sampling {Path(config.out).name}")
+
+    def close(self) -> None:
+        self._worker.close()
+
+
+class _SamplingHandler:
+    def __init__(self, _setup: None):
+        from ggpo_offline.generate.pipeline import KeptEngine
+
+        self.engine = KeptEngine()
+
+    def answer(self, kind: str, config: GenerateConfig) -> Path:
+        from ggpo_offline.generate.pipeline import generate_pool
+
+        return generate_pool(config, engine=self.engine)
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,162 @@
+"""The pools a run trains on round by round (Algorithm 1, --sync-every N): the given pool first, then each
+round's pool sampled by the checkpoint that starts it and recorded in the run folder (rounds/), which
+``ggpo train --pool <run>/rounds`` replays as one ordered source."""
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ggpo_offline.core.errors import UserError, write_json
+from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.pool_index import CheckedPool, check_pool, data_order_fingerprint, plan_minibatches
+
+if TYPE_CHECKING:
+    from ggpo_offline.generate.resample import PromptSource
+
+ROUNDS = "rounds"
+MANIFEST = "rounds.json"
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What rounds.json keeps of one round: enough to replay it without sampling."""
+
+    index: int
+    start: int
+    """The round's first update."""
+    pool: str
+    """Its pool: round 0's as the run was given it (absolute), the others' file name in rounds/."""
+    pool_fingerprint: str
+    plan: list[list[int]]
+    """``[n, G]`` group ids of its n updates."""
+    sampled_by: str | None
+    """The checkpoint that sampled it (None: the given pool)."""
+    next_prompt: int | None
+    """The dataset position the next round starts at (None when replayed: nothing is sampled)."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round as the trainer reads it."""
+
+    record: RoundRecord
+    pool: CheckedPool
+
+    @property
+    def start(self) -> int:
+        return self.record.start
+
+    @property
+    def plan(self) -> np.ndarray:
+        return np.array(self.record.plan, dtype=np.int64)
+
+
+def rounds_folder(run_dir: Path) -> Path:
+    return Path(run_dir) / ROUNDS
+
+
+def is_recorded_rounds(pool: Path | str) -> bool:
+    """Whether --pool names a run's rounds/ folder (replayed as one source) rather than a pool."""
+    return (Path(pool) / MANIFEST).is_file()
+
+
+def read_records(folder: Path) -> list[RoundRecord]:
+    """The rounds recorded in ``folder`` (rounds/), in order; none when it has no manifest yet."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return []
+    try:
+        stored = json.loads(path.read_text())
+        return [RoundRecord(**record) for record in stored["rounds"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{path} cannot be read as a run's rounds ({type(error).__name__})") from None
+
+
+def write_records(folder: Path, config: TrainConfig, records: list[RoundRecord]) -> None:
+    write_json(
+        {
+            "sync_every": config.sync_every,
+            "groups_per_batch": config.groups_per_batch,
+            "updates": config.updates,
+            "rounds": [asdict(record) for record in records],
+        },
+        Path(folder) / MANIFEST,
+    )
+
+
+def round_pool_path(folder: Path, record: RoundRecord) -> Path:
+    return Path(record.pool) if record.index == 0 else Path(folder) / record.pool
+
+
+def rounds_fingerprints(records: list[RoundRecord], updates: int) -> tuple[str, str]:
+    """(pool, data order) fingerprints of ``updates`` updates of recorded rounds: a replay of them reports
+    the run's own."""
+    plan = np.concatenate([np.array(r.plan, dtype=np.int64) for r in records])[:updates]
+    if len(records) == 1:
+        return records[0].pool_fingerprint, data_order_fingerprint(plan)
+    pools = hashlib.sha256(" ".join(r.pool_fingerprint for r in records).encode()).hexdigest()
+    return pools, data_order_fingerprint(plan)
+
+
+def first_record(config: TrainConfig, pool: CheckedPool, plan: np.ndarray, source: "PromptSource | None"):
+    """Round 0: the given pool, its first N minibatches planned as an offline run plans them."""
+    return RoundRecord(
+        index=0,
+        start=0,
+        pool=str(Path(pool.path).resolve()),
+        pool_fingerprint=pool.fingerprint,
+        plan=plan.tolist(),
+        sampled_by=None,
+        next_prompt=None if source is None else source.next_prompt,
+    )
+
+
+def sampled_record(
+    config: TrainConfig, index: int, pool: CheckedPool, sampled_by: Path, next_prompt: int
+) -> RoundRecord:
+    """Round ``index`` (≥ 1), sampled by the checkpoint ``sampled_by`` into ``pool``: its minibatches are
+    a seeded permutation of its N·G groups, as an offline run plans a pool."""
+    start = index * config.sync_every
+    updates = min(config.sync_every, config.updates - start)
+    plan = plan_minibatches(pool.index, config.seed, updates, config.groups_per_batch)
+    return RoundRecord(
+        index=index,
+        start=start,
+        pool=Path(pool.path).name,
+        pool_fingerprint=pool.fingerprint,
+        plan=plan.tolist(),
+        sampled_by=str(sampled_by),
+        next_prompt=next_prompt,
+    )
+
+
+def replayed_records(config: TrainConfig) -> list[RoundRecord]:
+    """The recorded rounds --pool names, checked against this run's settings and their pools."""
+    folder = Path(config.pool)
+    stored = json.loads((folder / MANIFEST).read_text())
+    records = read_records(folder)
+    recorded_updates = sum(len(r.plan) for r in records)
+    if config.sync_every is not None:
+        raise UserError(
+            f"{folder} holds a run's recorded rounds, replayed as they were sampled: give --sync-every only "
+            "with a pool"
+        )
+    if stored.get("groups_per_batch") != config.groups_per_batch:
+        raise UserError(
+            f"{folder} was recorded with --groups-per-batch {stored.get('groups_per_batch')}; replay it with "
+            f"the same (got {config.groups_per_batch})"
+        )
+    if recorded_updates < config.updates:
+        raise UserError(
+            f"{folder} holds {recorded_updates} updates of rounds (its run recorded "
+            f"{len(records)} of them); lower --updates to at most {recorded_updates}"
+        )
+    for record in records:
+        path = round_pool_path(folder, record)
+        if check_pool(path).fingerprint != record.pool_fingerprint:
+            raise UserError(f"{path} is not the pool round {record.index} of {folder} was recorded with")
+    return [r for r in records if r.start < config.updates]

@@ -1,0 +1,208 @@
+"""Entering each round of a --sync-every run, or of a replay of its rounds: the round's pool sampled by the
+checkpoint that starts it (or read), its minibatches, its π_ref and behavior log-probs, and its mismatch
+measured on the sampling policy before any update on it."""
+
+from pathlib import Path
+
+import torch
+
+from ggpo_offline.core.errors import UserError
+from ggpo_offline.train import diagnostics as diag
+from ggpo_offline.train.config import Timeouts, TrainConfig
+from ggpo_offline.train.distributed import Ranks, all_cat, all_max, all_sum, doing, wait_for_main
+from ggpo_offline.train.metric_names import (
+    ROUND_ENTROPY,
+    ROUND_ESS,
+    ROUND_INDEX,
+    ROUND_K3,
+    ROUND_LENGTH,
+    ROUND_RATIO_QUANTILES,
+)
+from ggpo_offline.train.pool_index import check_pool
+from ggpo_offline.train.profile import RunProfile
+from ggpo_offline.train.rounds import (
+    Round,
+    RoundRecord,
+    first_record,
+    read_records,
+    round_pool_path,
+    rounds_fingerprints,
+    rounds_folder,
+    sampled_record,
+    write_records,
+)
+from ggpo_offline.train.run_folder import RunFolder
+from ggpo_offline.train.run_inputs import Fingerprints, RunInputs, score_pi0
+
+
+class RunRounds:
+    """The rounds of one run: which update starts one, and what entering it sets (`enter`). A run given a
+    pool samples its rounds (rank 0, in a process of its own) and records them in its rounds/ folder; a
+    replay reads the recorded ones."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        inputs: RunInputs,
+        folder: RunFolder,
+        ranks: Ranks,
+        timeouts: Timeouts,
+        profile: RunProfile,
+    ):
+        self.config, self.inputs, self.folder, self.ranks = config, inputs, folder, ranks
+        self.timeouts, self.profile = timeouts, profile
+        self.replay = inputs.recorded is not None
+        self.dir = Path(config.pool) if self.replay else rounds_folder(folder.path)
+        self.records: list[RoundRecord] = inputs.recorded if self.replay else read_records(self.dir)
+        if not self.records:
+            self.records = [first_record(config, inputs.pool, inputs.plan, inputs.prompt_source)]
+            if ranks.main:
+                write_records(self.dir, config, self.records)
+        self.starts = (
+            [r.start for r in self.records]
+            if self.replay
+            else list(range(0, config.updates, config.sync_every))
+        )
+        self._sampler = None
+
+    # -- the schedule -------------------------------------------------------------------------------
+    def starts_round(self, update: int) -> bool:
+        return update in self.starts
+
+    def checkpoint_due(self, done: int) -> bool:
+        """A checkpoint after ``done`` updates that a later round reads: its sampler, or the π_ref that a
+        refresh froze (its log-probs of the later rounds' responses are scored from it)."""
+        t_ref = self.config.ref_refresh
+        refresh = t_ref is not None and "ref_logp" in self.config.learner.needs and done % t_ref == 0
+        return done < self.config.updates and (done in self.starts or refresh)
+
+    def fingerprints(self) -> Fingerprints:
+        """The pools and data order of every round trained: what a replay of them reports too."""
+        return Fingerprints(*rounds_fingerprints(self.records, self.config.updates))
+
+    # -- entering a round ---------------------------------------------------------------------------
+    def enter(self, update: int, trainer, minibatches) -> dict[str, float]:
+        """Point ``minibatches`` and ``trainer`` at the round holding ``update`` (sampling it first when it
+        is not recorded yet); at its first update, the round's metrics (`round_metrics`)."""
+        index = max(i for i, start in enumerate(self.starts) if start <= update)
+        round_ = self._round(index)
+        behavior = self._behavior(round_)
+        minibatches.enter(round_.pool, round_.plan, round_.start, behavior)
+        if index > 0 and trainer.needs_ref:
+            with self.profile.phase("round_reference", update):
+                trainer.pi0 = score_pi0(
+                    self.config, self.inputs, self.ranks, round_.pool, self._reference(update)
+                )
+        if update != round_.start:
+            return {}
+        with self.profile.phase("round_diagnostics", update):
+            return {ROUND_INDEX: float(index), **round_metrics(trainer, minibatches)}
+
+    def _round(self, index: int) -> Round:
+        if index < len(self.records):
+            record = self.records[index]
+            return Round(record, check_pool(round_pool_path(self.dir, record)))
+        if self.replay or index != len(self.records):
+            raise UserError(f"{self.dir}: round {index} is not recorded")  # a rounds.json edited by hand
+        previous, start = self.records[-1], index * self.config.sync_every
+        sampler = self.folder.checkpoint(start)
+        path = self.dir / f"round-{index:04d}.parquet"
+        if self.ranks.main and not path.is_file():  # a round written before a kill is complete: it is kept
+            doing(f"sampling round {index} with the checkpoint of update {start}")
+            with self.profile.phase("round_sample", start):
+                self._sample(index, previous.next_prompt, sampler, path)
+        wait_for_main(self.ranks)
+        with self.profile.phase("round_index", start):
+            pool = check_pool(path)
+        next_prompt = int(pool.index.mixed_group_ids.max()) + 1  # a round ends at its last kept group
+        record = sampled_record(self.config, index, pool, sampler, next_prompt)
+        self.records.append(record)
+        if self.ranks.main:
+            write_records(self.dir, self.config, self.records)
+        return Round(record, pool)
+
+    def _sample(self, index: int, first_prompt: int, sampler: Path, path: Path) -> None:
+        from ggpo_offline.generate.resample import RemoteSampler
+
+        start = index * self.config.sync_every
+        updates = min(self.config.sync_every, self.config.updates - start)
+        source = self.inputs.prompt_source
+        config = source.round_config(sampler, first_prompt, updates * self.config.groups_per_batch, path)
+        if self._sampler is None:
+            self._sampler = RemoteSampler(self.timeouts.solo)
+        self._sampler.sample(config)
+
+    def _reference(self, update: int) -> Path:
+        """π_ref's weights at ``update``: the initial model until the first refresh, then the checkpoint of
+        the last one."""
+        t_ref = self.config.ref_refresh
+        last = 0 if t_ref is None else (update // t_ref) * t_ref
+        return self.inputs.model_dir if last == 0 else self.folder.checkpoint(last)
+
+    def _behavior(self, round_: Round):
+        """--behavior-logprobs learner: the learner's log-probs of the round on the checkpoint that sampled
+        it, in the engine's place (None: the engine's, as the pool stores them)."""
+        if self.config.behavior_logprobs != "learner":
+            return None
+        sampler = (
+            self.inputs.model_dir if round_.record.sampled_by is None else Path(round_.record.sampled_by)
+        )
+        with self.profile.phase("round_rescore", round_.start):
+            return score_pi0(self.config, self.inputs, self.ranks, round_.pool, sampler)
+
+    def close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.close()
+
+
+@torch.no_grad()
+def round_metrics(trainer, minibatches) -> dict[str, float]:
+    """The round's mismatch under the current policy, the one that sampled it (metric_names "round/"):
+    K3, the sequence ESS and token-ratio quantiles over every response of the round, its entropy and
+    length; every rank measures its share and the values are reduced over all."""
+    ranks: Ranks = trainer.ranks
+    log_ratios, seq_log_weights, lengths = [], [], []
+    sums = torch.zeros(3, dtype=torch.float64)  # k3, entropy and token count, summed
+    trainer.policy.eval()
+    try:
+        for update in range(minibatches.start, minibatches.end):
+            batch = minibatches[update]
+            for micro in batch.split(trainer.config.micro_batch_size):
+                logp, entropy = trainer.policy(
+                    micro, with_entropy=True, forward_tokens=trainer.forward_tokens
+                )
+                logp, entropy = logp.cpu(), entropy.cpu()
+                mask, behavior = micro.mask, micro.behavior_logp
+                sums += torch.tensor(
+                    [
+                        diag.mismatch_k3(logp, behavior, mask, token_count=1.0).item(),
+                        diag.token_entropy_mean(entropy, mask, token_count=1.0).item(),
+                        mask.sum().item(),
+                    ],
+                    dtype=torch.float64,
+                )
+                log_ratios.append((logp - behavior)[mask.bool()])
+                seq_log_weights.append(diag.sequence_log_weights(logp, behavior, mask))
+                lengths.append(mask.sum(dim=1))
+    finally:
+        trainer.policy.train()
+    k3, entropy, tokens = all_sum(sums, ranks).tolist()
+    ratios = _all_tokens(torch.cat(log_ratios).double(), ranks).exp()
+    quantiles = torch.quantile(
+        ratios, torch.tensor(list(ROUND_RATIO_QUANTILES.values()), dtype=torch.float64)
+    )
+    return {
+        ROUND_K3: k3 / tokens,
+        ROUND_ESS: diag.sequence_ess(all_cat(torch.cat(seq_log_weights), ranks)).item(),
+        **dict(zip(ROUND_RATIO_QUANTILES, quantiles.tolist(), strict=True)),
+        ROUND_ENTROPY: entropy / tokens,
+        ROUND_LENGTH: all_cat(torch.cat(lengths).double(), ranks).mean().item(),
+    }
+
+
+def _all_tokens(values: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """Every rank's token values, whose counts differ: padded with NaN to the longest, gathered, unpadded."""
+    longest = int(all_max(torch.tensor(float(len(values))), ranks).item())
+    padded = torch.cat([values, torch.full((longest - len(values),), float("nan"), dtype=values.dtype)])
+    gathered = all_cat(padded, ranks)
+    return gathered[~gathered.isnan()]

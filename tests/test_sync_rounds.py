@@ -1,0 +1,219 @@
+"""`ggpo train --sync-every N` (Algorithm 1): every N updates the current policy samples the next round,
+recorded as a pool in the run folder; N = U is the offline run, bit for bit; a run killed inside a round or
+between rounds resumes to the uninterrupted one; its recorded rounds replay through another learner."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import REPO, stopped_itself
+from safetensors.torch import load_file
+from test_cli import GGPO, assert_one_error_line, ggpo_here
+
+from ggpo_offline.core.model_io import weights_sha256
+from ggpo_offline.pool.info import PoolDataset
+from ggpo_offline.pool.source import read_pool_info
+from ggpo_offline.pool.writer import PoolWriter
+from ggpo_offline.train.config import TrainConfig
+from ggpo_offline.train.distributed import STOP_VARIABLE
+from ggpo_offline.train.metric_names import ROUND_INDEX, ROUND_K3
+from ggpo_offline.train.rounds import MANIFEST, read_records
+from ggpo_offline.train.trainer import train
+
+SMALL = {"groups_per_batch": 2, "lr": 1e-4, "seed": 1, "no_tracking": True, "threads": 1}
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "final" / "model.safetensors"))
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    first, second = _weights(a), _weights(b)
+    return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.mark.parametrize(
+    "method, changes",
+    [("grpo-tis", {"tis_block": 2}), ("ggpo", {"ref_refresh": 2})],
+    ids=["grpo-tis", "ggpo"],
+)
+def test_sync_every_u_is_the_offline_run_bit_for_bit(hf_pool, tmp_path, method, changes):
+    """The far end of the ladder: one round, the given pool, replayed as an offline run replays it (π_old
+    blocks and π_ref refreshes inside it included)."""
+    runs = {
+        sync: train(
+            TrainConfig(
+                pool=hf_pool,
+                method=method,
+                updates=3,
+                sync_every=sync,
+                out=tmp_path / str(sync),
+                **SMALL,
+                **changes,
+            )
+        )
+        for sync in (None, 3)
+    }
+    offline, synced = runs[None], runs[3]
+    assert _same_weights(offline.run_dir, synced.run_dir)
+    assert offline.fingerprints == synced.fingerprints
+    assert [m[ROUND_INDEX] for m in synced.metrics if ROUND_INDEX in m] == [0.0]
+    trained = [{k: v for k, v in m.items() if not k.startswith("round/")} for m in synced.metrics]
+    assert trained == offline.metrics
+    assert not (synced.run_dir / "rounds" / "round-0001.parquet").exists()
+
+
+def test_sync_every_1_trains_each_update_on_samples_of_the_checkpoint_before_it(hf_pool, tmp_path):
+    config = TrainConfig(pool=hf_pool, method="ggpo", updates=3, sync_every=1, out=tmp_path / "run", **SMALL)
+    result = train(config)
+    folder = result.run_dir / "rounds"
+    records = read_records(folder)
+    assert [(r.index, r.start, len(r.plan)) for r in records] == [(0, 0, 1), (1, 1, 1), (2, 2, 1)]
+    base_prompts = read_pool_info(hf_pool).counts.prompts
+    seen = set()
+    for record in records[1:]:
+        pool = folder / record.pool
+        info = read_pool_info(pool)
+        checkpoint = result.run_dir / "checkpoints" / f"update-{record.start:06d}"
+        assert record.sampled_by == str(checkpoint) and info.model.path == str(checkpoint)
+        assert info.model.weights_sha256 == weights_sha256(checkpoint)  # the weights it had at that update
+        ids = set(pq.read_table(pool, columns=["group_id"]).column("group_id").to_pylist())
+        assert len(ids) == 2 and min(ids) >= base_prompts and not ids & seen  # new prompts, N x G groups
+        assert sorted(g for row in record.plan for g in row) == sorted(ids)
+        seen |= ids
+    # The hf engine in float32 computes the learner's log-probs up to float rounding (K3 ~1e-13): a round's
+    # behavior log-probs are those of the policy at the update that trains on it, and of no other (one update
+    # at this lr moves K3 by ~1e-4).
+    assert [m[ROUND_INDEX] for m in result.metrics] == [0.0, 1.0, 2.0]
+    assert all(m[ROUND_K3] < 1e-9 for m in result.metrics)
+    assert records[2].next_prompt == max(seen) + 1
+
+
+def _command(pool: Path, out: Path, *extra: str) -> list[str]:
+    flags = (
+        "--method grpo-tis --updates 5 --sync-every 2 --groups-per-batch 2 --lr 1e-4 --seed 1 --save-every 1"
+    )
+    return [
+        *GGPO,
+        "train",
+        "--pool",
+        str(pool),
+        *flags.split(),
+        "--threads",
+        "1",
+        "--no-tracking",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def _killed_at(command: list[str], point: str, log: Path) -> None:
+    with log.open("w") as output:
+        job = subprocess.Popen(
+            command, cwd=REPO, env={**os.environ, STOP_VARIABLE: point}, stdout=output, stderr=output
+        )
+        stopped_itself(job, log)
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+def test_killed_inside_a_round_and_between_rounds_it_resumes_to_the_uninterrupted_run(hf_pool, tmp_path):
+    """Kill -9 at update 3 (inside round 1), resume; kill -9 where round 2 is about to be sampled, resume:
+    the same round pools, metrics and weights as the run never killed. Then its recorded rounds replay
+    through another learner on exactly its minibatches."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    done = subprocess.run(_command(hf_pool, whole), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    _killed_at(_command(hf_pool, cut), "0:training update 3", tmp_path / "first.log")
+    assert not (cut / "rounds" / "round-0002.parquet").exists()
+    resume = [*_command(hf_pool, cut), "--resume"]
+    _killed_at(resume, "0:sampling round 2 with the checkpoint of update 4", tmp_path / "second.log")
+    assert len(json.loads((cut / "rounds" / MANIFEST).read_text())["rounds"]) == 2
+    finished = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr
+    assert (whole / "metrics.jsonl").read_text() == (cut / "metrics.jsonl").read_text()
+    assert _same_weights(whole, cut)
+    for a, b in zip(read_records(whole / "rounds"), read_records(cut / "rounds"), strict=True):
+        assert (a.plan, a.next_prompt, Path(a.sampled_by or "").name) == (
+            b.plan,
+            b.next_prompt,
+            Path(b.sampled_by or "").name,
+        )
+        if a.index > 0:  # the same rows; the footers differ by when and where they were written
+            assert pq.read_table(whole / "rounds" / a.pool).equals(pq.read_table(cut / "rounds" / b.pool))
+    recorded = json.loads((whole / "result.json").read_text())
+
+    replay = TrainConfig(pool=whole / "rounds", method="grpo", updates=5, out=tmp_path / "replay", **SMALL)
+    replayed = train(replay)
+    assert replayed.fingerprints.data_order_fingerprint == recorded["data_order_fingerprint"]
+    assert replayed.fingerprints.pool_fingerprint == recorded["pool_fingerprint"]
+    assert [m["train/reward"] for m in replayed.metrics] == [
+        json.loads(line)["train/reward"] for line in (whole / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def _imported_copy(pool: Path, out: Path) -> Path:
+    """``pool`` as an import records it: no generate-pool settings, no dataset to sample again."""
+    info = read_pool_info(pool)
+    footer = dataclasses.replace(info, config=None, dataset=PoolDataset(spec="imported:generic"))
+    with PoolWriter(out, overwrite=True) as writer:
+        writer.write_table(pq.read_table(pool))
+        writer.close(footer)
+    return out
+
+
+def test_refusals_are_one_line_and_write_nothing(hf_pool, tmp_path):
+    few = tmp_path / "few.jsonl"
+    few.write_text(
+        "".join(json.dumps({"problem": f"{n} + 1", "answer": str(n + 1)}) + "\n" for n in range(3))
+    )
+    cases = [
+        (["--sync-every", "0"], "--sync-every must be in 1..4 (--updates), got 0"),
+        (["--sync-every", "5"], "--sync-every must be in 1..4 (--updates), got 5"),
+        (["--behavior-logprobs", "learner"], "give --sync-every"),
+        (["--sync-every", "1", "--sync-dataset", str(few)], f"but {few} has 3 after prompt 0"),
+    ]
+    for flags, words in cases:
+        out = tmp_path / "run"
+        result = ggpo_here(
+            "train",
+            "--pool",
+            str(hf_pool),
+            "--updates",
+            "4",
+            "--groups-per-batch",
+            "2",
+            "--out",
+            str(out),
+            *flags,
+        )
+        assert_one_error_line(result, words)
+        assert not out.exists()
+    imported = _imported_copy(hf_pool, tmp_path / "imported.parquet")
+    result = ggpo_here(
+        "train", "--pool", str(imported), "--updates", "4", "--groups-per-batch", "2", "--sync-every", "2",
+        "--out", str(out),
+    )  # fmt: skip
+    assert_one_error_line(result, "records no dataset to sample rounds from (dataset imported:generic): give")
+    assert "--sync-dataset" in result.stderr and not out.exists()
+
+
+def test_dry_run_shows_the_rounds_and_what_sampling_them_costs(hf_pool, tmp_path):
+    result = ggpo_here(
+        "train", "--pool", str(hf_pool), "--updates", "6", "--groups-per-batch", "2", "--sync-every", "2",
+        "--dry-run", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (
+        "rounds: 3 of 2 updates; round 0 is the pool, rounds 1..2 are sampled by the checkpoints"
+        in result.stdout
+    )
+    assert "sampling: 4 mixed groups a round from arith:train (prompt 16 on)" in result.stdout
+    assert not (tmp_path / "run").exists()
