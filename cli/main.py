@@ -8,7 +8,7 @@ import typer
 from ggpo_cli import render
 from ggpo_cli.config_flags import with_config_flags
 
-from ggpo_offline.compare.config import ArcConfig, CompareConfig, RefreshConfig, TuneConfig
+from ggpo_offline.compare.config import ArcConfig, CompareConfig, LadderConfig, RefreshConfig, TuneConfig
 from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.core.settings import config_from
 from ggpo_offline.evaluate.config import EvalConfig
@@ -210,6 +210,16 @@ def arc_report(settings: dict) -> None:
     from ggpo_offline.compare.arc import arc_report as write
 
     out = write(config_from(ArcConfig, settings))
+    print(f"wrote {out}/README.md")
+
+
+@app.command("ladder-report")
+@with_config_flags(LadderConfig)
+def ladder_report(settings: dict) -> None:
+    """The staleness ladder (make ladder): compares at several --sync-every N beside the offline one."""
+    from ggpo_offline.compare.ladder import ladder_report as write
+
+    out = write(config_from(LadderConfig, settings))
     print(f"wrote {out}/README.md")
 
 

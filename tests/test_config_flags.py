@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import typer
 
-from ggpo_offline.compare.config import ArcConfig, CompareConfig, RefreshConfig, TuneConfig
+from ggpo_offline.compare.config import ArcConfig, CompareConfig, LadderConfig, RefreshConfig, TuneConfig
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import (
     choices,
@@ -46,6 +46,7 @@ COMMANDS = {
     "eval": [(EvalConfig, ())],
     "compare": [(CompareConfig, ("settings",)), (TrainConfig, PER_RUN)],
     "arc-report": [(ArcConfig, ())],
+    "ladder-report": [(LadderConfig, ())],
     "tune-report": [(TuneConfig, ())],
     "report": [(RefreshConfig, ())],
     "build-tiny-model": [(TinyModelConfig, ())],

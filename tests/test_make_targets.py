@@ -45,6 +45,10 @@ def shaped_pool(path: Path, groups: int, m: int, mixed: int) -> Path:
         "model": {"name": "embedded:tiny"},
         "tokenizer": {"sha256": tokenizer_sha256(load_tokenizer(tiny_model_dir()))},
         "sampling": {"m": m, "temperature": 1.0, "top_p": 1.0, "top_k": 0},
+        # what make ladder's rounds sample from: the rest of the pool's dataset
+        "config": {"dataset": "arith:train", "num_prompts": groups},
+        "dataset": {"spec": "arith:train", "num_problems": groups},
+        "counts": {"prompts": groups, "groups": groups, "mixed_groups": mixed},
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_synthetic_pool(path, m=m, rows=rows, metadata=meta)
@@ -94,12 +98,25 @@ def shaped(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "target, compares",
-    [("demo", 1), ("beyond", 1), ("corrections", 1), ("tune-lr", 6), ("tune-corrections", 6), ("arc", 3)],
+    [
+        ("demo", 1),
+        ("beyond", 1),
+        ("corrections", 1),
+        ("tune-lr", 6),
+        ("tune-corrections", 6),
+        ("arc", 3),
+        ("ladder", 2),
+    ],  # fmt: skip
 )
 def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares):
     plans = dry_run_every_plan(target, shaped)
     assert len(plans) == compares
     assert all("dry run: nothing was written" in plan for plan in plans)
+    if target == "ladder":  # 20 updates at N = 4 and the arc's 60, its two lanes' calls in either order
+        rounds = sorted(
+            line.split(";")[0] for plan in plans for line in plan.splitlines() if "rounds:" in line
+        )
+        assert rounds == ["rounds: 15 of 4 updates", "rounds: 5 of 4 updates"]
     written = sorted(str(p.relative_to(shaped)) for p in shaped.rglob("*") if p.parent.name != "bin")
     expected = [
         "bin",

@@ -124,13 +124,22 @@ def _killed_at(command: list[str], point: str, log: Path) -> None:
         job.wait()
 
 
-def test_killed_inside_a_round_and_between_rounds_it_resumes_to_the_uninterrupted_run(hf_pool, tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(hf_pool, tmp_path_factory) -> Path:
+    """`_command` run to its end without a stop: 3 rounds (2, 2 and 1 updates), a checkpoint every update."""
+    whole = tmp_path_factory.mktemp("sync") / "whole"
+    done = subprocess.run(_command(hf_pool, whole), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return whole
+
+
+def test_killed_inside_a_round_and_between_rounds_it_resumes_to_the_uninterrupted_run(
+    hf_pool, uninterrupted, tmp_path
+):
     """Kill -9 at update 3 (inside round 1), resume; kill -9 where round 2 is about to be sampled, resume:
     the same round pools, metrics and weights as the run never killed. Then its recorded rounds replay
     through another learner on exactly its minibatches."""
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    done = subprocess.run(_command(hf_pool, whole), cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
+    whole, cut = uninterrupted, tmp_path / "cut"
     _killed_at(_command(hf_pool, cut), "0:training update 3", tmp_path / "first.log")
     assert not (cut / "rounds" / "round-0002.parquet").exists()
     resume = [*_command(hf_pool, cut), "--resume"]
@@ -217,3 +226,97 @@ def test_dry_run_shows_the_rounds_and_what_sampling_them_costs(hf_pool, tmp_path
     )
     assert "sampling: 4 mixed groups a round from arith:train (prompt 16 on)" in result.stdout
     assert not (tmp_path / "run").exists()
+
+
+def test_two_processes_sample_and_train_the_rounds_as_one_process_does(hf_pool, uninterrupted, tmp_path):
+    """--nproc 2: rank 0 samples each round while the other waits, then each trains its share of it."""
+    two = tmp_path / "two"
+    done = subprocess.run(
+        [*_command(hf_pool, two), "--nproc", "2"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    one_series, two_series = (
+        [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for run in (uninterrupted, two)
+    )
+    assert [r["update"] for r in two_series] == [0, 1, 2, 3, 4]
+    for a, b in zip(one_series, two_series, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (a["update"], key, a[key], b[key])
+    assert [r.plan for r in read_records(two / "rounds")] == [
+        r.plan for r in read_records(uninterrupted / "rounds")
+    ]
+    one_weights, two_weights = _weights(uninterrupted), _weights(two)
+    for name in one_weights:
+        torch.testing.assert_close(two_weights[name], one_weights[name], atol=5e-5, rtol=0)
+
+
+def test_learner_behavior_logprobs_remove_the_engines_mismatch_from_every_round(tmp_path):
+    """--behavior-logprobs learner, the control without training-inference mismatch: an engine sampling in
+    bfloat16 stores log-probs far from the float32 learner's, and each round (the given pool and the sampled
+    ones) is trained against the learner's own log-probs of the checkpoint that sampled it instead."""
+    from conftest import hf_pool_config
+
+    from ggpo_offline.generate.pipeline import generate_pool
+    from ggpo_offline.train.minibatch import MinibatchReader
+    from ggpo_offline.train.pi0_cache import ensure_pi0_cache
+    from ggpo_offline.train.pool_index import check_pool
+
+    pool = generate_pool(hf_pool_config(tmp_path / "bf16.parquet", dtype="bfloat16", num_prompts=8))
+    checked = check_pool(pool)
+    batch = MinibatchReader(pool, checked.index, pad_id=0).read(checked.index.mixed_group_ids[:2].tolist())
+    learner = ensure_pi0_cache(pool).logprobs(batch)
+    gap = ((batch.behavior_logp - learner) * batch.mask).abs().max().item()
+    assert gap > 1e-3  # the engine's bfloat16 log-probs: what the control takes away
+    config = TrainConfig(
+        pool=pool,
+        method="grpo-tis",
+        updates=2,
+        sync_every=1,
+        behavior_logprobs="learner",
+        out=tmp_path / "run",
+        **SMALL,
+    )
+    metrics = train(config).metrics
+    assert [m[ROUND_INDEX] for m in metrics] == [0.0, 1.0]
+    assert all(m[ROUND_K3] < 1e-9 for m in metrics)
+
+
+class _Crash(Exception):
+    """Stands in for a kill after the first stored batch."""
+
+
+def _crash(progress) -> None:
+    raise _Crash
+
+
+def test_a_round_whose_window_holds_too_few_mixed_groups_is_widened_to_the_same_pool(tmp_path):
+    """A policy that learns leaves fewer mixed groups per prompt than the pool had: the round's window is
+    doubled until it holds them, giving the pool a wide enough window gives; a kill inside a widened window
+    resumes its stored batches; a dataset with no more prompts is one line."""
+    from conftest import hf_pool_config
+
+    from ggpo_offline.generate.pipeline import TooFewGroups, generate_pool
+    from ggpo_offline.generate.resample import sample_round
+
+    def config(out, prompts, **changes):
+        settings = {"first_prompt": 16, "keep_groups": 2, "mixed_only": True, "batch_prompts": 2}
+        return hf_pool_config(out, num_prompts=16 + prompts, **(settings | changes))
+
+    wide = generate_pool(config(tmp_path / "wide.parquet", 32))
+    widened = sample_round(config(tmp_path / "widened.parquet", 1), engine=None)
+    assert pq.read_table(widened).equals(pq.read_table(wide))
+    assert read_pool_info(widened).dataset.other["limit"] > 17  # it did widen
+    killed = tmp_path / "killed.parquet"
+    with pytest.raises(_Crash):
+        generate_pool(config(killed, read_pool_info(widened).dataset.other["limit"] - 16), on_batch=_crash)
+    assert pq.read_table(sample_round(config(killed, 1), engine=None)).equals(pq.read_table(wide))
+    few = tmp_path / "few.jsonl"
+    few.write_text(
+        "".join(json.dumps({"problem": f"{n} + 1", "answer": str(n + 1)}) + "\n" for n in range(3))
+    )
+    with pytest.raises(TooFewGroups):  # 3 prompts, 9 groups asked: widened to the end, then refused
+        sample_round(
+            hf_pool_config(tmp_path / "no.parquet", dataset=str(few), num_prompts=1, keep_groups=9), None
+        )

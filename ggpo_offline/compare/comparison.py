@@ -32,7 +32,7 @@ from ggpo_offline.train.dry_run import Estimate, estimate, run_folders_near
 from ggpo_offline.train.learners import learner
 from ggpo_offline.train.pool_index import CheckedPool, check_pool
 from ggpo_offline.train.run_folder import RunFolder, continuing_action
-from ggpo_offline.train.run_inputs import Fingerprints, RunInputs, plan_data, read_inputs
+from ggpo_offline.train.run_inputs import Fingerprints, RunInputs, plan_data, read_inputs, rounds_source
 from ggpo_offline.train.run_records import RunId, RunSettings
 from ggpo_offline.train.training_presets import config_for, given_settings, refuse_unread
 
@@ -109,6 +109,7 @@ def plan(config: CompareConfig, pool: CheckedPool) -> list[PlannedRun]:
     read_ceilings(config.ceilings)
     _check_report_dir(config.report_dir)
     runs = run_configs(config)
+    rounds_source(runs[0], pool)  # every run samples its rounds from the same prompts: refused here at once
     planned = []
     for run in runs:
         fingerprints = plan_data(run, pool.index, pool.fingerprint).fingerprints  # what `train` will replay

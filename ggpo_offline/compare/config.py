@@ -128,6 +128,20 @@ class ArcConfig:
 
 
 @dataclass(frozen=True)
+class LadderConfig:
+    """What ``ggpo ladder-report`` reads and where it writes."""
+
+    offline: Path = setting(
+        help="Report folder of the offline compare (no --sync-every): the ladder's N = U."
+    )
+    rungs: tuple[str, ...] = setting(
+        help="Comma-separated report folders of compares with --sync-every, each at its own N, with the same "
+        "pool, seeds and evaluation as --offline."
+    )
+    out: Path = setting(Path("reports/ladder"), "Report folder.")
+
+
+@dataclass(frozen=True)
 class TuneConfig:
     """What ``ggpo tune-report`` reads and where it writes."""
 

@@ -333,6 +333,15 @@ def _sample_and_store(
     _refuse_too_few_groups(config, prompts, partial, progress)
 
 
+class TooFewGroups(UserError):
+    """Every prompt was sampled and fewer groups than asked were kept; ``dataset_prompts``: how many the
+    dataset gave (fewer than --num-prompts: it has no more)."""
+
+    def __init__(self, message: str, dataset_prompts: int):
+        super().__init__(message)
+        self.dataset_prompts = dataset_prompts
+
+
 def _refuse_too_few_groups(
     config: GenerateConfig, prompts: _Prompts, partial: PartialRun, progress: Progress
 ) -> None:
@@ -343,11 +352,13 @@ def _refuse_too_few_groups(
         return
     partial.remove()
     if kept == 0:
-        raise UserError("no group was kept (--mixed-only and no prompt had a mixed group); nothing written")
+        message = "no group was kept (--mixed-only and no prompt had a mixed group); nothing written"
+        raise TooFewGroups(message, len(prompts.problems))
     sampled = f"{len(prompts.keep)} prompt{'s' if len(prompts.keep) > 1 else ''}"
-    raise UserError(
+    raise TooFewGroups(
         f"--keep-groups {wanted}: the {sampled} from --first-prompt {config.first_prompt} kept {kept} "
-        f"group{'s' if kept > 1 else ''}; nothing written (give more prompts with --num-prompts)"
+        f"group{'s' if kept > 1 else ''}; nothing written (give more prompts with --num-prompts)",
+        len(prompts.problems),
     )
 
 

@@ -15,6 +15,7 @@ from ggpo_offline.core.settings import config_from, leaves
 from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig
 from ggpo_offline.generate.engines.base import SamplingSettings
 from ggpo_offline.pool.info import PoolInfo
+from ggpo_offline.pool.partial import stored_settings
 from ggpo_offline.pool.source import open_pool
 
 ROUND_SETTINGS_LEFT_OUT = (
@@ -42,20 +43,20 @@ class PromptSource:
     def dataset(self) -> str:
         return self.settings.get("dataset", GenerateConfig.dataset)
 
-    def window(self, groups: int) -> int:
-        """The prompts a round of ``groups`` mixed groups may draw."""
-        return WINDOW_MARGIN * math.ceil(groups / self.mixed_rate) + 8
-
-    def round_config(self, model: Path, first_prompt: int, groups: int, out: Path) -> GenerateConfig:
+    def round_config(
+        self, model: Path, first_prompt: int, groups: int, out: Path, mixed_rate: float | None = None
+    ) -> GenerateConfig:
         """The pool of one round: ``model`` samples from ``first_prompt`` on until ``groups`` mixed-reward
-        groups are kept."""
+        groups are kept, from a window of prompts twice what they need at ``mixed_rate`` (the previous
+        round's; default the pool's) — `sample_round` widens it when the policy's rate fell further."""
+        window = WINDOW_MARGIN * math.ceil(groups / (mixed_rate or self.mixed_rate)) + 8
         return config_from(
             GenerateConfig,
             {
                 **self.settings,
                 "model": str(model),
                 "first_prompt": first_prompt,
-                "num_prompts": first_prompt + self.window(groups),
+                "num_prompts": first_prompt + window,
                 "keep_groups": groups,
                 "mixed_only": True,
                 "out": out,
@@ -128,11 +129,31 @@ class RemoteSampler:
         self._worker = RemoteWorker("the sampling engine", _SamplingHandler, None, timeout_s)
 
     def sample(self, config: GenerateConfig) -> Path:
-        """The pool of ``config`` written (its own resume state kept until it is in place)."""
+        """The pool of ``config`` written (`sample_round`)."""
         return self._worker.ask(("generate", config), f"sampling {Path(config.out).name}")
 
     def close(self) -> None:
         self._worker.close()
+
+
+def sample_round(config: GenerateConfig, engine) -> Path:
+    """`generate_pool` of a round (its own resume state kept until the pool is in place), its prompt window
+    doubled while every prompt of it was sampled and too few groups were mixed — a policy that learns
+    leaves fewer mixed groups per prompt — until the dataset has no more prompts. The widening depends only
+    on the round's settings and samples, so a rerun widens the same way."""
+    from ggpo_offline.generate.pipeline import TooFewGroups, generate_pool
+
+    widened = (stored_settings(config.out) or {}).get("dataset.limit") or 0
+    if widened > config.num_prompts:  # a kill stopped a widened window: its stored batches are resumed
+        config = dataclasses.replace(config, num_prompts=widened)
+    while True:
+        try:
+            return generate_pool(config, engine=engine)
+        except TooFewGroups as error:
+            if error.dataset_prompts < config.num_prompts:
+                raise
+            window = config.num_prompts - config.first_prompt
+            config = dataclasses.replace(config, num_prompts=config.first_prompt + 2 * window)
 
 
 class _SamplingHandler:
@@ -142,9 +163,7 @@ class _SamplingHandler:
         self.engine = KeptEngine()
 
     def answer(self, kind: str, config: GenerateConfig) -> Path:
-        from ggpo_offline.generate.pipeline import generate_pool
-
-        return generate_pool(config, engine=self.engine)
+        return sample_round(config, self.engine)
 
     def close(self) -> None:
         self.engine.close()

@@ -60,6 +60,14 @@ def prompts_stored(out: Path) -> int | None:
         return None
 
 
+def stored_settings(out: Path) -> dict | None:
+    """The settings of the interrupted generate-pool writing ``out`` (None: no record)."""
+    try:
+        return json.loads((partial_dir(Path(out)) / PROGRESS_FILE).read_text())["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class PartialRun:
     """The completed batches of one generate-pool command, kept until its pool is written.
 

@@ -129,7 +129,7 @@ def read_inputs(
         pool = check_pool(config.pool)
     model_dir, tokenizer, temperature = _model_and_sampling(config, pool)
     data = plan_data(config, pool.index, pool.fingerprint)
-    source = _prompt_source(config, pool)
+    source = rounds_source(config, pool)
     return RunInputs(pool, model_dir, tokenizer, temperature, data.plan, data.fingerprints, source)
 
 
@@ -145,8 +145,9 @@ def _model_and_sampling(config: TrainConfig, pool: CheckedPool) -> tuple[Path, o
     )
 
 
-def _prompt_source(config: TrainConfig, pool: CheckedPool) -> "PromptSource | None":
-    """Where a --sync-every run samples its rounds after the first, checked to hold the prompts they need."""
+def rounds_source(config: TrainConfig, pool: CheckedPool) -> "PromptSource | None":
+    """Where a --sync-every run samples its rounds after the first, checked to hold the prompts they need
+    (None: it samples none)."""
     if config.sync_every is None or config.sync_every >= config.updates:
         return None
     from ggpo_offline.generate.resample import prompt_source

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train import diagnostics as diag
 from ggpo_offline.train.config import Timeouts, TrainConfig
 from ggpo_offline.train.distributed import Ranks, all_cat, all_max, all_sum, doing, wait_for_main
@@ -126,11 +127,20 @@ class RunRounds:
 
         start = index * self.config.sync_every
         updates = min(self.config.sync_every, self.config.updates - start)
-        source = self.inputs.prompt_source
-        config = source.round_config(sampler, first_prompt, updates * self.config.groups_per_batch, path)
+        groups = updates * self.config.groups_per_batch
+        config = self.inputs.prompt_source.round_config(
+            sampler, first_prompt, groups, path, self._mixed_rate()
+        )
         if self._sampler is None:
             self._sampler = RemoteSampler(self.timeouts.solo)
         self._sampler.sample(config)
+
+    def _mixed_rate(self) -> float | None:
+        """The last sampled round's mixed groups per prompt sampled (None before any: the pool's)."""
+        if len(self.records) < 2:
+            return None
+        counts = read_pool_info(round_pool_path(self.dir, self.records[-1])).counts
+        return counts.mixed_groups / counts.prompts
 
     def _reference(self, update: int) -> Path:
         """π_ref's weights at ``update``: the initial model until the first refresh, then the checkpoint of

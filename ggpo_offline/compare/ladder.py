@@ -1,0 +1,258 @@
+"""`ggpo ladder-report`: the staleness ladder (docs/ladder/) — compares trained with --sync-every N beside
+the offline compare of the same pool, seeds and evaluation (its N = U): each method at each N against its
+offline self, the paper's two claims at each N, the fall after the peak, and the rounds' mismatch."""
+
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from ggpo_offline.compare import stats
+from ggpo_offline.compare.config import LadderConfig
+from ggpo_offline.compare.counts import COUNTS_FILE, SELECTED, Counts
+from ggpo_offline.compare.tables import display
+from ggpo_offline.core import markdown
+from ggpo_offline.core.errors import UserError, write_json
+from ggpo_offline.train.metric_names import (
+    MISMATCH_K3,
+    ROUND_ENTROPY,
+    ROUND_ESS,
+    ROUND_INDEX,
+    ROUND_K3,
+    ROUND_LENGTH,
+    ROUND_RATIO_QUANTILES,
+)
+from ggpo_offline.train.run_folder import RunFolder
+
+README = "README.md"
+LADDER_FILE = "ladder.json"
+CLAIMED = "ggpo"
+"""The learner whose two claims the ladder tests (paper: above GRPO/AGRO at small N, flat as N grows)."""
+ROUND_COLUMNS = (ROUND_K3, ROUND_ESS, *ROUND_RATIO_QUANTILES, ROUND_ENTROPY, ROUND_LENGTH)
+
+
+class Rung:
+    """One compare of the ladder: its N, its counts and its runs."""
+
+    def __init__(self, folder: Path, sync_every: int | None):
+        path = Path(folder) / COUNTS_FILE
+        if not path.is_file():
+            raise UserError(f"{folder} has no {COUNTS_FILE}: give the folder of a finished ggpo compare")
+        self.folder, self.counts, self.sync_every = Path(folder), Counts.read(path), sync_every
+
+    @property
+    def name(self) -> str:
+        return "offline" if self.sync_every is None else f"N = {self.sync_every}"
+
+    def runs(self) -> list[RunFolder]:
+        return [
+            RunFolder(p) for p in sorted((self.folder / "runs").glob("*")) if (p / "metrics.jsonl").is_file()
+        ]
+
+
+def ladder_report(config: LadderConfig) -> Path:
+    """Write the ladder's README.md and ladder.json (every number in it) into ``config.out``."""
+    offline = Rung(config.offline, None)
+    rungs = [Rung(folder, _sync_every(Path(folder))) for folder in config.rungs]
+    seeds = [s for s in rungs[0].counts.seeds if all(s in r.counts.seeds for r in [offline, *rungs])]
+    if not seeds:
+        raise UserError("the offline compare and the rungs share no seed")
+    data = {
+        "seeds": seeds,
+        "rungs": [r.name for r in rungs],
+        "against_offline": _against_offline(offline, rungs, seeds),
+        "claim_above": _claim_above([offline, *rungs], seeds),
+        "falls": _falls([offline, *rungs], seeds),
+        "rounds": {r.name: _round_means(r) for r in rungs},
+    }
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(data, out / LADDER_FILE)
+    (out / README).write_text(_readme(config, offline, rungs, data))
+    return out
+
+
+def _sync_every(folder: Path) -> int:
+    """The N the rung's runs were trained with (every run of a compare shares it)."""
+    found = {RunFolder(p).read_settings().setting("sync_every") for p in (folder / "runs").glob("*")}
+    if len(found) != 1 or None in found:
+        raise UserError(
+            f"{folder}: its runs were not all trained with one --sync-every (found {sorted(map(str, found))})"
+        )
+    return found.pop()
+
+
+def _matrix(counts: Counts, method: str, split: str, checkpoint: int | str, seeds: list[int]) -> np.ndarray:
+    """Correct counts [seeds, problems] of ``method`` on ``split`` for ``seeds`` (in that order)."""
+    full = counts.matrix(method, split, counts.scopes(split)[-1], checkpoint)
+    return full[[counts.seeds.index(seed) for seed in seeds]]
+
+
+def _methods(*rungs: Rung) -> list[str]:
+    """The methods every given rung trained, in the first one's order."""
+    return [m for m in rungs[0].counts.methods if all(m in r.counts.methods for r in rungs)]
+
+
+def _points(matrix: np.ndarray, n: int) -> float:
+    return float(matrix.mean() * 100.0 / n)
+
+
+def _against_offline(offline: Rung, rungs: list[Rung], seeds: list[int]) -> dict:
+    """Per rung, each method's test mean@n at the selected checkpoint and its difference from the offline
+    run of the same seed (paired by seed and problem); each rung's methods are one Holm family."""
+    n = offline.counts.n["test"]
+    found = {}
+    for rung in rungs:
+        methods = _methods(rung, offline)
+        pairs = [
+            (
+                _matrix(rung.counts, m, "test", SELECTED, seeds),
+                _matrix(offline.counts, m, "test", SELECTED, seeds),
+            )
+            for m in methods
+        ]
+        judged = stats.judge([stats.difference(a, b, n) for a, b in pairs])
+        found[rung.name] = {
+            m: {"rung": _points(a, n), "offline": _points(b, n), "difference": j.text()}
+            for m, (a, b), j in zip(methods, pairs, judged, strict=True)
+        }
+    return found
+
+
+def _claim_above(rungs: list[Rung], seeds: list[int]) -> dict:
+    """At each N, GGPO − each other method on test at the selected checkpoints; each N is one family."""
+    found = {}
+    for rung in rungs:
+        counts, n = rung.counts, rung.counts.n["test"]
+        if CLAIMED not in counts.methods:
+            continue
+        others = [m for m in counts.methods if m != CLAIMED]
+        claimed = _matrix(counts, CLAIMED, "test", SELECTED, seeds)
+        intervals = [
+            stats.difference(claimed, _matrix(counts, m, "test", SELECTED, seeds), n) for m in others
+        ]
+        found[rung.name] = {m: j.text() for m, j in zip(others, stats.judge(intervals), strict=True)}
+    return found
+
+
+def _falls(rungs: list[Rung], seeds: list[int]) -> dict:
+    """Validation peak (the selected checkpoint) and final mean@n, and the fall peak − final paired within
+    each run: does the method still collapse at this N? Each N's methods are one family."""
+    found = {}
+    for rung in rungs:
+        counts, n = rung.counts, rung.counts.n["validation"]
+        final = counts.final("validation")
+        peaks = [_matrix(counts, m, "validation", SELECTED, seeds) for m in counts.methods]
+        finals = [_matrix(counts, m, "validation", final, seeds) for m in counts.methods]
+        judged = stats.judge([stats.difference(p, f, n) for p, f in zip(peaks, finals, strict=True)])
+        found[rung.name] = {
+            m: {"peak": _points(p, n), "final": _points(f, n), "fall": j.text()}
+            for m, p, f, j in zip(counts.methods, peaks, finals, judged, strict=True)
+        }
+    return found
+
+
+def _round_means(rung: Rung) -> dict:
+    """Per method, the rounds' diagnostics (metric_names "round/") averaged over every round of every
+    seed, and the per-update mismatch K3 by the update's place in its round (how stale its samples are)."""
+    by_method: dict[str, dict[str, list[float]]] = {}
+    for run in rung.runs():
+        method = run.read_settings().setting("method")
+        values = by_method.setdefault(method, {})
+        for record in run.read_metrics():
+            if ROUND_INDEX in record:
+                for key in ROUND_COLUMNS:
+                    if key in record:
+                        values.setdefault(key, []).append(record[key])
+            if MISMATCH_K3 in record:
+                age = record["update"] % rung.sync_every
+                values.setdefault(f"{MISMATCH_K3}@{age}", []).append(record[MISMATCH_K3])
+    return {m: {k: statistics.fmean(v) for k, v in values.items()} for m, values in by_method.items()}
+
+
+def _readme(config: LadderConfig, offline: Rung, rungs: list[Rung], data: dict) -> str:
+    seeds = ", ".join(map(str, data["seeds"]))
+    intro = [
+        "# The staleness ladder",
+        "",
+        f"Offline compare: `{config.offline}` (every update replays the pool π0 sampled: N = U). Rungs: "
+        + ", ".join(f"`{r.folder}` ({r.name})" for r in rungs)
+        + f". Seeds {seeds}, paired by seed and problem; intervals are t on seeds − 1 df with Holm per "
+        "family (`compare/stats.py`). With --sync-every N the policy samples a new round of N × G "
+        "mixed-reward groups every N updates from the pool's next prompts (Algorithm 1); round 0 is the "
+        "pool.",
+        "",
+    ]
+    sections = [
+        _against_offline_table(offline, rungs, data),
+        _claims_table(offline, data),
+        _falls_table(offline, data),
+        _rounds_table(data),
+    ]
+    return "\n".join(intro + [line for section in sections for line in section])
+
+
+def _against_offline_table(offline: Rung, rungs: list[Rung], data: dict) -> list[str]:
+    header = ["method", "offline"] + [f"{r} (− offline [95 %])" for r in data["rungs"]]
+    rows = []
+    for method in _methods(offline, *rungs):
+        row = [display(method), f"{data['against_offline'][data['rungs'][0]][method]['offline']:.2f}"]
+        for rung in data["rungs"]:
+            cell = data["against_offline"][rung].get(method)
+            row.append("—" if cell is None else f"{cell['rung']:.2f} ({cell['difference']})")
+        rows.append(row)
+    return [
+        "## Each method at each N beside its offline self (test, selected checkpoint)",
+        "",
+        *markdown.table(header, rows, "l" + "r" * (len(header) - 1)),
+        "",
+    ]
+
+
+def _claims_table(offline: Rung, data: dict) -> list[str]:
+    claims = data["claim_above"]
+    others = sorted({m for by in claims.values() for m in by}, key=lambda m: offline.counts.methods.index(m))
+    names = [offline.name, *data["rungs"]]
+    rows = [[name] + [claims.get(name, {}).get(m, "—") for m in others] for name in names if name in claims]
+    header = ["N"] + [f"GGPO − {display(m)}" for m in others]
+    return [
+        "## GGPO above the others at each N (test, selected checkpoint; each N one family)",
+        "",
+        *markdown.table(header, rows, "l" + "r" * len(others)),
+        "",
+    ]
+
+
+def _falls_table(offline: Rung, data: dict) -> list[str]:
+    rows = [
+        [name, display(m), f"{v['peak']:.2f}", f"{v['final']:.2f}", v["fall"]]
+        for name in [offline.name, *data["rungs"]]
+        for m, v in data["falls"][name].items()
+    ]
+    return [
+        "## The fall after the peak (validation: selected − final, paired within each run)",
+        "",
+        *markdown.table(["N", "method", "peak", "final", "peak − final [95 %]"], rows, "llrrr"),
+        "",
+    ]
+
+
+def _rounds_table(data: dict) -> list[str]:
+    found = {k for by in data["rounds"].values() for v in by.values() for k in v}
+    ages = sorted((k for k in found if k.startswith(MISMATCH_K3 + "@")), key=lambda k: int(k.split("@")[1]))
+    header = ["N", "method", *ROUND_COLUMNS, *ages]
+    rows = [
+        [name, display(m), *(f"{v.get(k, float('nan')):.4g}" for k in [*ROUND_COLUMNS, *ages])]
+        for name, by in data["rounds"].items()
+        for m, v in by.items()
+    ]
+    return [
+        "## The rounds' mismatch (every round of every seed, on the policy that sampled it)",
+        "",
+        *markdown.table(header, rows, "ll" + "r" * (len(header) - 2)),
+        "",
+        f"`{MISMATCH_K3}@a`: the update's K3 between the learner and the engine's log-probs of the round it "
+        "trains on, a updates after the round was sampled. Every number: `ladder.json`; each rung's own "
+        "report (frontier, matched drift, figures) is its compare's README.",
+        "",
+    ]

@@ -1,0 +1,108 @@
+"""`ggpo ladder-report`: each rung's runs against the offline runs of the same seed and problems, GGPO's two
+claims at each N, the fall after the peak, the rounds' mismatch; on counts whose answers are known."""
+
+import json
+
+import numpy as np
+from test_cli import ggpo_here
+
+from ggpo_offline.compare.counts import Counts
+from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_K3
+
+SEEDS = (1, 2, 3)
+PROBLEMS = tuple(f"p{i}" for i in range(12))
+
+
+def _counts(shift: dict[str, int], falls: bool) -> Counts:
+    """Two samples per problem; GGPO gets ``shift[method]`` more problems fully right than the base grid,
+    which differs by seed and problem (runs that differ); with ``falls`` every final evaluation loses 2."""
+    rng = np.random.default_rng(0)
+    base = {seed: rng.integers(0, 3, len(PROBLEMS)) for seed in SEEDS}
+    correct = {}
+    for method in ("grpo", "ggpo"):
+        for seed in SEEDS:
+            peak = base[seed].copy()
+            peak[: shift[method]] = 2
+            final = np.maximum(peak - 2, 0) if falls else peak
+            for split, update, values in [
+                ("validation", 0, base[seed]), ("validation", 10, peak), ("validation", 20, final),
+                ("test", 10, peak), ("test", 20, final),
+            ]:  # fmt: skip
+                correct[(method, seed, split, update)] = {"arith": tuple(int(v) for v in values)}
+    return Counts(
+        methods=("grpo", "ggpo"),
+        seeds=SEEDS,
+        n={"validation": 2, "test": 2},
+        ks={"validation": (1,), "test": (1,)},
+        prompts={"validation": {"arith": PROBLEMS}, "test": {"arith": PROBLEMS}},
+        correct=correct,
+        selected={(m, s): 10 for m in ("grpo", "ggpo") for s in SEEDS},
+        drift={},
+    )
+
+
+def _rung(folder, counts: Counts, sync_every: int) -> None:
+    folder.mkdir(parents=True)
+    counts.write(folder / "counts.json")
+    for method in counts.methods:
+        for seed in counts.seeds:
+            run = folder / "runs" / f"{method}-s{seed}"
+            run.mkdir(parents=True)
+            (run / "config.json").write_text(
+                json.dumps({"method": method, "seed": seed, "sync_every": sync_every})
+            )
+            records = [
+                {"update": u, MISMATCH_K3: 0.01 * (u % sync_every)}
+                | ({ROUND_INDEX: u // sync_every, ROUND_K3: 0.5} if u % sync_every == 0 else {})
+                for u in range(8)
+            ]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_the_ladder_pairs_each_rung_with_the_offline_runs_of_its_seeds(tmp_path):
+    offline = tmp_path / "offline"
+    offline.mkdir()
+    _counts({"grpo": 0, "ggpo": 0}, falls=True).write(offline / "counts.json")
+    _rung(tmp_path / "sync4", _counts({"grpo": 0, "ggpo": 6}, falls=False), sync_every=4)
+    result = ggpo_here(
+        "ladder-report",
+        "--offline",
+        str(offline),
+        "--rungs",
+        str(tmp_path / "sync4"),
+        "--out",
+        str(tmp_path / "out"),
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / "out" / "ladder.json").read_text())
+    against = data["against_offline"]["N = 4"]
+    # GGPO at N = 4 has 6 of 12 problems at 2/2 where offline it had the base grid: its mean rises by the base
+    # grid's shortfall on them; GRPO is the same runs on both sides: exactly +0.00.
+    base = _counts({"grpo": 0, "ggpo": 0}, falls=False)
+    offline_ggpo = base.matrix("ggpo", "test", "arith", 10)
+    expected = (2 - offline_ggpo[:, :6]).sum() / offline_ggpo.size * 100 / 2
+    assert abs(against["ggpo"]["rung"] - against["ggpo"]["offline"] - expected) < 1e-9
+    assert against["ggpo"]["difference"].startswith(f"{expected:+.2f}")
+    assert against["grpo"]["difference"] == "+0.00 [+0.00, +0.00] not resolved"
+    assert data["claim_above"]["N = 4"]["grpo"].startswith(f"{expected:+.2f}")
+    assert data["claim_above"]["offline"]["grpo"].startswith("+0.00")
+    # Offline every run falls after its peak; at N = 4 none does.
+    assert data["falls"]["N = 4"]["ggpo"]["fall"].startswith("+0.00")
+    assert not data["falls"]["offline"]["ggpo"]["fall"].startswith("+0.00")
+    rounds = data["rounds"]["N = 4"]["ggpo"]
+    assert (
+        rounds[ROUND_K3] == 0.5 and rounds[f"{MISMATCH_K3}@3"] == 0.03 and rounds[f"{MISMATCH_K3}@0"] == 0.0
+    )
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "| GGPO | " in readme and "N = 4" in readme
+
+
+def test_a_rung_without_counts_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = ggpo_here(
+        "ladder-report", "--offline", str(tmp_path / "empty"), "--rungs", str(tmp_path / "empty")
+    )
+    assert (
+        result.returncode != 0
+        and "has no counts.json: give the folder of a finished ggpo compare" in result.stderr
+    )
