@@ -252,35 +252,46 @@ def test_two_processes_sample_and_train_the_rounds_as_one_process_does(hf_pool, 
         torch.testing.assert_close(two_weights[name], one_weights[name], atol=5e-5, rtol=0)
 
 
-def test_learner_behavior_logprobs_remove_the_engines_mismatch_from_every_round(tmp_path):
-    """--behavior-logprobs learner, the control without training-inference mismatch: an engine sampling in
-    bfloat16 stores log-probs far from the float32 learner's, and each round (the given pool and the sampled
-    ones) is trained against the learner's own log-probs of the checkpoint that sampled it instead."""
-    from conftest import hf_pool_config
+def _mismatched_copy(pool: Path, out: Path) -> Path:
+    """``pool`` with its behavior log-probs 0.05 below the sampler's, whose rounds an hf engine samples in
+    bfloat16: an engine that does not compute what the float32 learner computes, in every round."""
+    import pyarrow as pa
 
-    from ggpo_offline.generate.pipeline import generate_pool
+    table = pq.read_table(pool)
+    shifted = [[value - 0.05 for value in row] for row in table.column("behavior_logprobs").to_pylist()]
+    column = table.schema.get_field_index("behavior_logprobs")
+    field = table.schema.field(column)
+    table = table.set_column(column, field, pa.array(shifted, field.type))
+    info = read_pool_info(pool)
+    with PoolWriter(out, overwrite=True) as writer:
+        writer.write_table(table)
+        writer.close(dataclasses.replace(info, config={**info.config, "dtype": "bfloat16"}))
+    return out
+
+
+def test_learner_behavior_logprobs_remove_the_engines_mismatch_from_every_round(hf_pool, tmp_path):
+    """--behavior-logprobs learner, the control without training-inference mismatch: each round (the given
+    pool and the sampled ones) is trained against the learner's own log-probs on the checkpoint that sampled
+    it instead of the engine's."""
     from ggpo_offline.train.minibatch import MinibatchReader
     from ggpo_offline.train.pi0_cache import ensure_pi0_cache
     from ggpo_offline.train.pool_index import check_pool
 
-    pool = generate_pool(hf_pool_config(tmp_path / "bf16.parquet", dtype="bfloat16", num_prompts=8))
-    checked = check_pool(pool)
-    batch = MinibatchReader(pool, checked.index, pad_id=0).read(checked.index.mixed_group_ids[:2].tolist())
-    learner = ensure_pi0_cache(pool).logprobs(batch)
-    gap = ((batch.behavior_logp - learner) * batch.mask).abs().max().item()
-    assert gap > 1e-3  # the engine's bfloat16 log-probs: what the control takes away
+    pool = _mismatched_copy(hf_pool, tmp_path / "mismatched.parquet")
     config = TrainConfig(
-        pool=pool,
-        method="grpo-tis",
-        updates=2,
-        sync_every=1,
-        behavior_logprobs="learner",
-        out=tmp_path / "run",
-        **SMALL,
-    )
+        pool=pool, method="grpo-tis", updates=2, sync_every=1, behavior_logprobs="learner",
+        out=tmp_path / "run", **SMALL,
+    )  # fmt: skip
     metrics = train(config).metrics
     assert [m[ROUND_INDEX] for m in metrics] == [0.0, 1.0]
     assert all(m[ROUND_K3] < 1e-9 for m in metrics)
+    for round_pool, sampler in ((pool, None), (config.run_dir / "rounds" / "round-0001.parquet", 1)):
+        checked = check_pool(round_pool)
+        groups = checked.index.mixed_group_ids[:2].tolist()
+        batch = MinibatchReader(round_pool, checked.index, pad_id=0).read(groups)
+        model = None if sampler is None else str(config.run_dir / "checkpoints" / f"update-{sampler:06d}")
+        learner = ensure_pi0_cache(round_pool, model).logprobs(batch)
+        assert ((batch.behavior_logp - learner) * batch.mask).abs().max().item() > 1e-3  # what it took away
 
 
 class _Crash(Exception):
@@ -301,7 +312,7 @@ def test_a_round_whose_window_holds_too_few_mixed_groups_is_widened_to_the_same_
     from ggpo_offline.generate.resample import sample_round
 
     def config(out, prompts, **changes):
-        settings = {"first_prompt": 16, "keep_groups": 2, "mixed_only": True, "batch_prompts": 2}
+        settings = {"first_prompt": 16, "keep_groups": 1, "mixed_only": True, "batch_prompts": 1}
         return hf_pool_config(out, num_prompts=16 + prompts, **(settings | changes))
 
     wide = generate_pool(config(tmp_path / "wide.parquet", 32))
@@ -313,10 +324,8 @@ def test_a_round_whose_window_holds_too_few_mixed_groups_is_widened_to_the_same_
         generate_pool(config(killed, read_pool_info(widened).dataset.other["limit"] - 16), on_batch=_crash)
     assert pq.read_table(sample_round(config(killed, 1), engine=None)).equals(pq.read_table(wide))
     few = tmp_path / "few.jsonl"
-    few.write_text(
-        "".join(json.dumps({"problem": f"{n} + 1", "answer": str(n + 1)}) + "\n" for n in range(3))
-    )
-    with pytest.raises(TooFewGroups):  # 3 prompts, 9 groups asked: widened to the end, then refused
+    few.write_text(json.dumps({"problem": "1 + 1", "answer": "2"}) + "\n")
+    with pytest.raises(TooFewGroups):  # 1 prompt, 2 groups asked: widened past the dataset's end, refused
         sample_round(
-            hf_pool_config(tmp_path / "no.parquet", dataset=str(few), num_prompts=1, keep_groups=9), None
+            hf_pool_config(tmp_path / "no.parquet", dataset=str(few), num_prompts=1, keep_groups=2), None
         )
