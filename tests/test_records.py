@@ -27,6 +27,7 @@ JSON_READERS = {
     "ggpo_offline/train/config.py": "TrainConfig.to_dict's JSON round trip (paths as strings): no file",
     "ggpo_offline/train/pi0_cache.py": "the π0 cache's key, in the cache's own Parquet footer",
     "ggpo_offline/train/launch.py": "a rank's failure report to its launcher",
+    "ggpo_offline/train/rounds.py": "a run's rounds/rounds.json (RoundRecord)",
     "ggpo_offline/evaluate/report.py": "an evaluation report (EvalReport)",
     "ggpo_offline/compare/manifest.py": "compare.json (CompareManifest)",
     "ggpo_offline/compare/counts.py": "counts.json (Counts)",

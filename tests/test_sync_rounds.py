@@ -26,7 +26,12 @@ from ggpo_offline.train.metric_names import ROUND_INDEX, ROUND_K3
 from ggpo_offline.train.rounds import MANIFEST, read_records
 from ggpo_offline.train.trainer import train
 
-SMALL = {"groups_per_batch": 2, "lr": 1e-4, "seed": 1, "no_tracking": True, "threads": 1}
+SMALL = {
+    "groups_per_batch": 2,
+    "lr": 1e-4,
+    "seed": 1,
+    "no_tracking": True,
+}  # torch's threads: a test process's own
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:

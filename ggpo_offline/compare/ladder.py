@@ -13,22 +13,13 @@ from ggpo_offline.compare.counts import COUNTS_FILE, SELECTED, Counts
 from ggpo_offline.compare.tables import display
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError, write_json
-from ggpo_offline.train.metric_names import (
-    MISMATCH_K3,
-    ROUND_ENTROPY,
-    ROUND_ESS,
-    ROUND_INDEX,
-    ROUND_K3,
-    ROUND_LENGTH,
-    ROUND_RATIO_QUANTILES,
-)
+from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_METRICS
 from ggpo_offline.train.run_folder import RunFolder
 
 README = "README.md"
 LADDER_FILE = "ladder.json"
 CLAIMED = "ggpo"
 """The learner whose two claims the ladder tests (paper: above GRPO/AGRO at small N, flat as N grows)."""
-ROUND_COLUMNS = (ROUND_K3, ROUND_ESS, *ROUND_RATIO_QUANTILES, ROUND_ENTROPY, ROUND_LENGTH)
 
 
 class Rung:
@@ -161,7 +152,7 @@ def _round_means(rung: Rung) -> dict:
         values = by_method.setdefault(method, {})
         for record in run.read_metrics():
             if ROUND_INDEX in record:
-                for key in ROUND_COLUMNS:
+                for key in ROUND_METRICS:
                     if key in record:
                         values.setdefault(key, []).append(record[key])
             if MISMATCH_K3 in record:
@@ -240,9 +231,9 @@ def _falls_table(offline: Rung, data: dict) -> list[str]:
 def _rounds_table(data: dict) -> list[str]:
     found = {k for by in data["rounds"].values() for v in by.values() for k in v}
     ages = sorted((k for k in found if k.startswith(MISMATCH_K3 + "@")), key=lambda k: int(k.split("@")[1]))
-    header = ["N", "method", *ROUND_COLUMNS, *ages]
+    header = ["N", "method", *ROUND_METRICS, *ages]
     rows = [
-        [name, display(m), *(f"{v.get(k, float('nan')):.4g}" for k in [*ROUND_COLUMNS, *ages])]
+        [name, display(m), *(f"{v.get(k, float('nan')):.4g}" for k in [*ROUND_METRICS, *ages])]
         for name, by in data["rounds"].items()
         for m, v in by.items()
     ]

@@ -46,7 +46,15 @@ ROUND_K3 = "round/k3"
 """Token mean of exp(λ_t) − λ_t − 1 over the round."""
 ROUND_ESS = "round/ess"
 """Normalized sequence ESS of exp(Σ_t λ_t) over the round's responses."""
-ROUND_RATIO_QUANTILES = {"round/ratio_p05": 0.05, "round/ratio_p50": 0.5, "round/ratio_p95": 0.95}
-"""Quantiles of the token ratio exp(λ_t) over the round's tokens."""
+ROUND_RATIO_QUANTILES = (("round/ratio_p05", 0.05), ("round/ratio_p50", 0.5), ("round/ratio_p95", 0.95))
+"""(name, quantile) of the token ratio exp(λ_t) over the round's tokens."""
 ROUND_ENTROPY = "round/entropy"
 ROUND_LENGTH = "round/response_length"
+ROUND_METRICS = (
+    ROUND_K3,
+    ROUND_ESS,
+    *(name for name, _ in ROUND_RATIO_QUANTILES),
+    ROUND_ENTROPY,
+    ROUND_LENGTH,
+)
+"""Every measure of a round, in its logged order (after ROUND_INDEX)."""

@@ -102,7 +102,7 @@ def rounds_fingerprints(records: list[RoundRecord], updates: int) -> tuple[str, 
     return pools, data_order_fingerprint(plan)
 
 
-def first_record(config: TrainConfig, pool: CheckedPool, plan: np.ndarray, source: "PromptSource | None"):
+def first_record(pool: CheckedPool, plan: np.ndarray, source: "PromptSource | None") -> RoundRecord:
     """Round 0: the given pool, its first N minibatches planned as an offline run plans them."""
     return RoundRecord(
         index=0,
@@ -137,23 +137,22 @@ def sampled_record(
 def replayed_records(config: TrainConfig) -> list[RoundRecord]:
     """The recorded rounds --pool names, checked against this run's settings and their pools."""
     folder = Path(config.pool)
-    stored = json.loads((folder / MANIFEST).read_text())
     records = read_records(folder)
-    recorded_updates = sum(len(r.plan) for r in records)
+    recorded_updates, recorded_groups = sum(len(r.plan) for r in records), len(records[0].plan[0])
     if config.sync_every is not None:
         raise UserError(
             f"{folder} holds a run's recorded rounds, replayed as they were sampled: give --sync-every only "
             "with a pool"
         )
-    if stored.get("groups_per_batch") != config.groups_per_batch:
+    if recorded_groups != config.groups_per_batch:
         raise UserError(
-            f"{folder} was recorded with --groups-per-batch {stored.get('groups_per_batch')}; replay it with "
-            f"the same (got {config.groups_per_batch})"
+            f"{folder} was recorded with --groups-per-batch {recorded_groups}; replay it with the same (got "
+            f"{config.groups_per_batch})"
         )
     if recorded_updates < config.updates:
         raise UserError(
-            f"{folder} holds {recorded_updates} updates of rounds (its run recorded "
-            f"{len(records)} of them); lower --updates to at most {recorded_updates}"
+            f"{folder} holds {recorded_updates} updates in {len(records)} rounds; lower --updates to at most "
+            f"{recorded_updates}"
         )
     for record in records:
         path = round_pool_path(folder, record)

@@ -56,7 +56,7 @@ class RunRounds:
         self.dir = Path(config.pool) if self.replay else rounds_folder(folder.path)
         self.records: list[RoundRecord] = inputs.recorded if self.replay else read_records(self.dir)
         if not self.records:
-            self.records = [first_record(config, inputs.pool, inputs.plan, inputs.prompt_source)]
+            self.records = [first_record(inputs.pool, inputs.plan, inputs.prompt_source)]
             if ranks.main:
                 write_records(self.dir, config, self.records)
         self.starts = (
@@ -91,7 +91,7 @@ class RunRounds:
         minibatches.enter(round_.pool, round_.plan, round_.start, behavior)
         if index > 0 and trainer.needs_ref:
             with self.profile.phase("round_reference", update):
-                trainer.pi0 = score_pi0(
+                trainer.reference = score_pi0(
                     self.config, self.inputs, self.ranks, round_.pool, self._reference(update)
                 )
         if update != round_.start:
@@ -199,12 +199,12 @@ def round_metrics(trainer, minibatches) -> dict[str, float]:
     k3, entropy, tokens = all_sum(sums, ranks).tolist()
     ratios = _all_tokens(torch.cat(log_ratios).double(), ranks).exp()
     quantiles = torch.quantile(
-        ratios, torch.tensor(list(ROUND_RATIO_QUANTILES.values()), dtype=torch.float64)
+        ratios, torch.tensor([q for _, q in ROUND_RATIO_QUANTILES], dtype=torch.float64)
     )
     return {
         ROUND_K3: k3 / tokens,
         ROUND_ESS: diag.sequence_ess(all_cat(torch.cat(seq_log_weights), ranks)).item(),
-        **dict(zip(ROUND_RATIO_QUANTILES, quantiles.tolist(), strict=True)),
+        **{name: q for (name, _), q in zip(ROUND_RATIO_QUANTILES, quantiles.tolist(), strict=True)},
         ROUND_ENTROPY: entropy / tokens,
         ROUND_LENGTH: all_cat(torch.cat(lengths).double(), ranks).mean().item(),
     }

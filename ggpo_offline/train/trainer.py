@@ -125,7 +125,7 @@ class Trainer:
         self.learner = config.learner  # the registry's record of the method: its loss and what it needs
         self.needs_ref = "ref_logp" in self.learner.needs
         self.needs_old = "old_logp" in self.learner.needs
-        self.pi0 = pi0
+        self.reference = pi0  # π_ref's log-probs where no refresh window covers an update (`RunRounds`)
         # π_ref and π_old are constants between refreshes: no second copy of the weights is kept, their
         # log-probs for the minibatches they will serve are computed at the refresh (update -> one tensor
         # per micro-batch). Until its first refresh π_ref is π0, served by the π0 cache.
@@ -301,7 +301,7 @@ class Trainer:
         constants = {"behavior_logp": micro.behavior_logp}
         if self.needs_ref:
             window = self.ref_window.get(self.update)
-            constants["ref_logp"] = self.pi0.logprobs(micro) if window is None else window[position]
+            constants["ref_logp"] = self.reference.logprobs(micro) if window is None else window[position]
         if self.needs_old:
             constants["old_logp"] = self.old_window[self.update][position]
         return {k: v.to(self.device) for k, v in constants.items() if k in self.learner.needs}
