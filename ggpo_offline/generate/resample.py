@@ -121,12 +121,32 @@ def _next_prompt(pool: Path, info: PoolInfo, recorded: dict) -> int:
     return max(pc.max(column).as_py() for column in ids) + 1
 
 
+class LocalSampler:
+    """Samples a run's rounds in this process, with one engine kept across them (`KeptEngine`): the hf
+    engine, torch in the trainer's threads with its random stream forked, needs no process of its own."""
+
+    def __init__(self, _setup: None = None):
+        from ggpo_offline.generate.pipeline import KeptEngine
+
+        self.engine = KeptEngine()
+
+    def sample(self, config: GenerateConfig) -> Path:
+        """The pool of ``config`` written (`sample_round`)."""
+        return sample_round(config, self.engine)
+
+    def answer(self, kind: str, config: GenerateConfig) -> Path:
+        return self.sample(config)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
 class RemoteSampler:
-    """Samples a run's rounds (`generate_pool`) in a process of its own, with one engine kept across them
-    (`KeptEngine`): the trainer's threads, process group and memory stay its own."""
+    """A `LocalSampler` in a process of its own (`RemoteWorker`): vLLM's engine binds the threads of the
+    process it runs in and joins a torchrun job's process group, so the trainer's stay its own."""
 
     def __init__(self, timeout_s: float):
-        self._worker = RemoteWorker("the sampling engine", _SamplingHandler, None, timeout_s)
+        self._worker = RemoteWorker("the sampling engine", LocalSampler, None, timeout_s)
 
     def sample(self, config: GenerateConfig) -> Path:
         """The pool of ``config`` written (`sample_round`)."""
@@ -134,6 +154,11 @@ class RemoteSampler:
 
     def close(self) -> None:
         self._worker.close()
+
+
+def round_sampler(engine: str, timeout_s: float) -> "LocalSampler | RemoteSampler":
+    """Where a run's rounds are sampled: in this process for the hf engine, in one of their own for vLLM."""
+    return LocalSampler() if engine == "hf" else RemoteSampler(timeout_s)
 
 
 def sample_round(config: GenerateConfig, engine) -> Path:
@@ -154,16 +179,3 @@ def sample_round(config: GenerateConfig, engine) -> Path:
                 raise
             window = config.num_prompts - config.first_prompt
             config = dataclasses.replace(config, num_prompts=config.first_prompt + 2 * window)
-
-
-class _SamplingHandler:
-    def __init__(self, _setup: None):
-        from ggpo_offline.generate.pipeline import KeptEngine
-
-        self.engine = KeptEngine()
-
-    def answer(self, kind: str, config: GenerateConfig) -> Path:
-        return sample_round(config, self.engine)
-
-    def close(self) -> None:
-        self.engine.close()

@@ -123,7 +123,7 @@ class RunRounds:
         return Round(record, pool)
 
     def _sample(self, index: int, first_prompt: int, sampler: Path, path: Path) -> None:
-        from ggpo_offline.generate.resample import RemoteSampler
+        from ggpo_offline.generate.resample import round_sampler
 
         start = index * self.config.sync_every
         updates = min(self.config.sync_every, self.config.updates - start)
@@ -132,7 +132,7 @@ class RunRounds:
             sampler, first_prompt, groups, path, self._mixed_rate()
         )
         if self._sampler is None:
-            self._sampler = RemoteSampler(self.timeouts.solo)
+            self._sampler = round_sampler(config.engine, self.timeouts.solo)
         self._sampler.sample(config)
 
     def _mixed_rate(self) -> float | None:
