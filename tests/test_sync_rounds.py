@@ -76,7 +76,7 @@ def test_sync_every_u_is_the_offline_run_bit_for_bit(hf_pool, tmp_path, method, 
 
 def _command(pool: Path, out: Path) -> list[str]:
     flags = (
-        "--method grpo-tis --updates 4 --sync-every 1 --groups-per-batch 2 --lr 1e-4 --seed 1 --save-every 1"
+        "--method grpo-tis --updates 3 --sync-every 1 --groups-per-batch 2 --lr 1e-4 --seed 1 --save-every 1"
     )
     return [
         *GGPO,
@@ -108,7 +108,7 @@ def _metrics(run: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(hf_pool, tmp_path_factory) -> Path:
-    """`_command` run to its end without a stop: --sync-every 1, four rounds, a checkpoint every update."""
+    """`_command` run to its end without a stop: --sync-every 1, three rounds, a checkpoint every update."""
     whole = tmp_path_factory.mktemp("sync") / "whole"
     done = subprocess.run(_command(hf_pool, whole), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -118,7 +118,7 @@ def uninterrupted(hf_pool, tmp_path_factory) -> Path:
 def test_sync_every_1_trains_each_update_on_samples_of_the_checkpoint_before_it(hf_pool, uninterrupted):
     folder = uninterrupted / "rounds"
     records = read_records(folder)
-    assert [(r.index, r.start, len(r.plan)) for r in records] == [(i, i, 1) for i in range(4)]
+    assert [(r.index, r.start, len(r.plan)) for r in records] == [(i, i, 1) for i in range(3)]
     seen = set(range(read_pool_info(hf_pool).counts.prompts))  # the given pool's prompts
     for record in records[1:]:
         pool = folder / record.pool
@@ -135,24 +135,23 @@ def test_sync_every_1_trains_each_update_on_samples_of_the_checkpoint_before_it(
     # behavior log-probs are those of the policy at the update that trains on it, and of no other (one update
     # at this lr moves K3 by ~1e-4).
     metrics = _metrics(uninterrupted)
-    assert [m[ROUND_INDEX] for m in metrics] == [0.0, 1.0, 2.0, 3.0]
+    assert [m[ROUND_INDEX] for m in metrics] == [0.0, 1.0, 2.0]
     assert all(m[ROUND_K3] < 1e-9 for m in metrics)
 
 
 def test_killed_inside_a_round_and_between_rounds_it_resumes_to_the_uninterrupted_run(
     hf_pool, uninterrupted, tmp_path
 ):
-    """Kill -9 inside round 2 (sampled, its update not done), resume; kill -9 where round 3 is about to be
+    """Kill -9 inside round 1 (sampled, its update not done), resume; kill -9 where round 2 is about to be
     sampled, resume: the same round pools, metrics and weights as the run never killed. Then its recorded
     rounds replay through another learner on exactly its minibatches."""
     whole, cut = uninterrupted, tmp_path / "cut"
-    _killed_at(_command(hf_pool, cut), "0:training update 2", tmp_path / "first.log")
-    assert (cut / "rounds" / "round-0002.parquet").exists() and not (
-        cut / "checkpoints" / "update-000003"
-    ).exists()
+    _killed_at(_command(hf_pool, cut), "0:training update 1", tmp_path / "first.log")
+    assert (cut / "rounds" / "round-0001.parquet").exists()
+    assert not (cut / "checkpoints" / "update-000002").exists()
     resume = [*_command(hf_pool, cut), "--resume"]
-    _killed_at(resume, "0:sampling round 3 with the checkpoint of update 3", tmp_path / "second.log")
-    assert len(json.loads((cut / "rounds" / MANIFEST).read_text())["rounds"]) == 3
+    _killed_at(resume, "0:sampling round 2 with the checkpoint of update 2", tmp_path / "second.log")
+    assert len(json.loads((cut / "rounds" / MANIFEST).read_text())["rounds"]) == 2
     finished = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr
     assert (whole / "metrics.jsonl").read_text() == (cut / "metrics.jsonl").read_text()
@@ -163,7 +162,7 @@ def test_killed_inside_a_round_and_between_rounds_it_resumes_to_the_uninterrupte
             assert pq.read_table(whole / "rounds" / a.pool).equals(pq.read_table(cut / "rounds" / b.pool))
     recorded = json.loads((whole / "result.json").read_text())
 
-    replay = TrainConfig(pool=whole / "rounds", method="grpo", updates=4, out=tmp_path / "replay", **SMALL)
+    replay = TrainConfig(pool=whole / "rounds", method="grpo", updates=3, out=tmp_path / "replay", **SMALL)
     replayed = train(replay)
     assert replayed.fingerprints.data_order_fingerprint == recorded["data_order_fingerprint"]
     assert replayed.fingerprints.pool_fingerprint == recorded["pool_fingerprint"]
@@ -238,7 +237,7 @@ def test_two_processes_sample_and_train_the_rounds_as_one_process_does(hf_pool, 
     )
     assert done.returncode == 0, done.stderr[-2000:]
     one_series, two_series = _metrics(uninterrupted), _metrics(two)
-    assert [r["update"] for r in two_series] == [0, 1, 2, 3]
+    assert [r["update"] for r in two_series] == [0, 1, 2]
     for a, b in zip(one_series, two_series, strict=True):
         assert a.keys() == b.keys()
         for key in a:

@@ -75,7 +75,7 @@ class RunRounds:
         refresh froze (its log-probs of the later rounds' responses are scored from it)."""
         t_ref = self.config.ref_refresh
         refresh = t_ref is not None and "ref_logp" in self.config.learner.needs and done % t_ref == 0
-        return done < self.config.updates and (done in self.starts or refresh)
+        return done < self.config.updates and (done in self.starts or (refresh and done < self.starts[-1]))
 
     def fingerprints(self) -> Fingerprints:
         """The pools and data order of every round trained: what a replay of them reports too."""
