@@ -24,7 +24,7 @@ ROUND_SETTINGS_LEFT_OUT = (
 )  # fmt: skip
 """The settings a round chooses itself; every other one is the pool's."""
 WINDOW_MARGIN = 2
-"""A round may draw this many times the prompts its groups need at the pool's mixed rate (plus a few)."""
+"""A round may first draw this many times the prompts its groups need at the last mixed rate (plus a few)."""
 
 
 @dataclass(frozen=True)
