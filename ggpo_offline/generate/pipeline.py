@@ -70,6 +70,7 @@ class Progress(RolloutTotals):
 
 
 def dataset_kwargs(config: GenerateConfig) -> dict:
+    """`load_dataset`'s keyword arguments for ``config``'s prompts (arith's default size when none given)."""
     limit = config.num_prompts
     if limit is None and config.dataset.split(":")[0] == "arith":
         limit = DEFAULT_ARITH_PROMPTS

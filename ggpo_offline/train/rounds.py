@@ -12,7 +12,12 @@ import numpy as np
 
 from ggpo_offline.core.errors import UserError, write_json
 from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.pool_index import CheckedPool, check_pool, data_order_fingerprint, plan_minibatches
+from ggpo_offline.train.pool_index import (
+    CheckedPool,
+    data_order_fingerprint,
+    plan_minibatches,
+    pool_fingerprint,
+)
 
 if TYPE_CHECKING:
     from ggpo_offline.generate.resample import PromptSource
@@ -36,7 +41,7 @@ class RoundRecord:
     sampled_by: str | None
     """The checkpoint that sampled it (None: the given pool)."""
     next_prompt: int | None
-    """The dataset position the next round starts at (None when replayed: nothing is sampled)."""
+    """The dataset position the next round starts at (None: the run samples no round after this one)."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +97,15 @@ def round_pool_path(folder: Path, record: RoundRecord) -> Path:
     return Path(record.pool) if record.index == 0 else Path(folder) / record.pool
 
 
+def recorded_plan(records: list[RoundRecord], updates: int) -> np.ndarray:
+    """``[updates, G]`` group ids: the rounds' plans one after the other."""
+    return np.concatenate([np.array(r.plan, dtype=np.int64) for r in records])[:updates]
+
+
 def rounds_fingerprints(records: list[RoundRecord], updates: int) -> tuple[str, str]:
     """(pool, data order) fingerprints of ``updates`` updates of recorded rounds: a replay of them reports
     the run's own."""
-    plan = np.concatenate([np.array(r.plan, dtype=np.int64) for r in records])[:updates]
+    plan = recorded_plan(records, updates)
     if len(records) == 1:
         return records[0].pool_fingerprint, data_order_fingerprint(plan)
     pools = hashlib.sha256(" ".join(r.pool_fingerprint for r in records).encode()).hexdigest()
@@ -154,8 +164,8 @@ def replayed_records(config: TrainConfig) -> list[RoundRecord]:
             f"{folder} holds {recorded_updates} updates in {len(records)} rounds; lower --updates to at most "
             f"{recorded_updates}"
         )
-    for record in records:
+    for record in records:  # each is validated and indexed where its round is entered
         path = round_pool_path(folder, record)
-        if check_pool(path).fingerprint != record.pool_fingerprint:
+        if pool_fingerprint(path) != record.pool_fingerprint:
             raise UserError(f"{path} is not the pool round {record.index} of {folder} was recorded with")
     return [r for r in records if r.start < config.updates]

@@ -159,12 +159,17 @@ def rounds_source(config: TrainConfig, pool: CheckedPool) -> "PromptSource | Non
 
 def _replay_inputs(config: TrainConfig) -> RunInputs:
     """A replay of a run's recorded rounds: its first round's pool and model, every round's minibatches."""
-    from ggpo_offline.train.rounds import replayed_records, round_pool_path, rounds_fingerprints
+    from ggpo_offline.train.rounds import (
+        recorded_plan,
+        replayed_records,
+        round_pool_path,
+        rounds_fingerprints,
+    )
 
     records = replayed_records(config)
     pool = check_pool(round_pool_path(Path(config.pool), records[0]))
     model_dir, tokenizer, temperature = _model_and_sampling(config, pool)
-    plan = np.concatenate([np.array(r.plan, dtype=np.int64) for r in records])[: config.updates]
+    plan = recorded_plan(records, config.updates)
     fingerprints = Fingerprints(*rounds_fingerprints(records, config.updates))
     return RunInputs(pool, model_dir, tokenizer, temperature, plan, fingerprints, recorded=records)
 
