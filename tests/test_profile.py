@@ -36,6 +36,21 @@ def test_phases_are_appended_in_order_and_sum_by_phase(tmp_path):
     assert totals["forward_backward"] == (2, times[0].seconds + times[2].seconds)
 
 
+def test_seconds_a_block_reports_are_phases_of_their_own_carved_out_of_its_time():
+    """A round sampled elsewhere reports its sampling, scoring and writing; the block keeps only the rest."""
+    profile = RunProfile()
+    with profile.phase("round_engine", 4) as parts:
+        time.sleep(0.02)
+        parts.update({"round_sampling": 0.015, "round_writing": 0.001})
+    sampling, writing, rest = profile.take()
+    assert sampling == PhaseTime("round_sampling", 4, 0.015)
+    assert writing == PhaseTime("round_writing", 4, 0.001)
+    assert rest.phase == "round_engine" and rest.update == 4
+    assert rest.seconds >= 0.004  # the block's 0.02 s or more, less the 0.016 s carved out
+    totals = phase_totals([rest, writing, sampling])
+    assert list(totals) == ["round_engine", "round_sampling", "round_writing"]  # PHASES knows them
+
+
 def test_a_phase_that_raises_is_not_recorded_and_a_missing_file_reads_empty(tmp_path):
     profile = RunProfile()
     with pytest.raises(KeyError), profile.phase("evaluate", 3):

@@ -24,6 +24,7 @@ from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import STOP_VARIABLE
 from ggpo_offline.train.metric_names import ROUND_INDEX, ROUND_K3
 from ggpo_offline.train.rounds import MANIFEST, read_records
+from ggpo_offline.train.run_folder import RunFolder
 from ggpo_offline.train.trainer import train
 
 SMALL = {
@@ -137,6 +138,11 @@ def test_sync_every_1_trains_each_update_on_samples_of_the_checkpoint_before_it(
     metrics = _metrics(uninterrupted)
     assert [m[ROUND_INDEX] for m in metrics] == [0.0, 1.0, 2.0]
     assert all(m[ROUND_K3] < 1e-9 for m in metrics)
+    # Each sampled round's profile: the engine, sampling, scoring and writing (timed in the engine's
+    # process), and its index, as phases of their own; the given pool's round 0 has none.
+    sampled = ["round_engine", "round_sampling", "round_scoring", "round_writing", "round_index"]
+    phases = [(t.phase, t.update) for t in RunFolder(uninterrupted).read_profile() if t.phase in sampled]
+    assert sorted(phases) == sorted((phase, update) for phase in sampled for update in (1, 2))
 
 
 def test_killed_inside_a_round_and_between_rounds_it_resumes_to_the_uninterrupted_run(
@@ -314,13 +320,15 @@ def test_a_round_whose_window_holds_too_few_mixed_groups_is_widened_to_the_same_
         return hf_pool_config(out, num_prompts=16 + prompts, **(settings | changes))
 
     wide = generate_pool(config(tmp_path / "wide.parquet", 32))
-    widened = sample_round(config(tmp_path / "widened.parquet", 1), engine=None)
+    round_ = sample_round(config(tmp_path / "widened.parquet", 1), engine=None)
+    widened = round_.path
     assert pq.read_table(widened).equals(pq.read_table(wide))
     assert read_pool_info(widened).dataset.other["limit"] > 17  # it did widen
+    assert sorted(round_.seconds) == ["sampling", "scoring", "writing"]  # each window's, for the profile
     killed = tmp_path / "killed.parquet"
     with pytest.raises(_Crash):
         generate_pool(config(killed, read_pool_info(widened).dataset.other["limit"] - 16), on_batch=_crash)
-    assert pq.read_table(sample_round(config(killed, 1), engine=None)).equals(pq.read_table(wide))
+    assert pq.read_table(sample_round(config(killed, 1), engine=None).path).equals(pq.read_table(wide))
     few = tmp_path / "few.jsonl"
     few.write_text(json.dumps({"problem": "1 + 1", "answer": "2"}) + "\n")
     with pytest.raises(TooFewGroups):  # 1 prompt, 2 groups asked: widened past the dataset's end, refused

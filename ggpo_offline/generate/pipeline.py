@@ -21,6 +21,7 @@ from ggpo_offline.core.model_io import (
 )
 from ggpo_offline.core.one_writer import one_writer
 from ggpo_offline.core.settings import leaf_values, leaves
+from ggpo_offline.core.stopwatch import Stopwatch
 from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig, validate_generate_config
 from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
 from ggpo_offline.generate.engines import Engine, load_engine
@@ -139,6 +140,7 @@ def generate_pool(
     config: GenerateConfig,
     on_batch: Callable[[Progress], None] | None = None,
     engine: "Engine | KeptEngine | None" = None,
+    stopwatch: Stopwatch | None = None,
 ) -> Path:
     """Write the pool described by ``config``; returns its path. Raises UserError on bad input.
 
@@ -146,6 +148,7 @@ def generate_pool(
     same command after a crash resumes after the last stored batch (a command with other settings is
     refused). ``engine`` reuses an already started engine for the same model, or a `KeptEngine` (either is
     left running); by default the engine named in ``config`` is started here and closed at the end.
+    ``stopwatch`` gets the time spent sampling, waiting for rewards and writing (`sample_and_score`).
     """
     validate_generate_config(config)
     out = Path(config.out)
@@ -153,7 +156,7 @@ def generate_pool(
     # refused; the resume state is the one writer's, and goes with it once the pool is in place.
     rule = f"{out} has one generate-pool"
     with one_writer(partial_dir(out), rule=rule, then="run it again", temporary=True):
-        return _generate_pool(config, out, on_batch, engine)
+        return _generate_pool(config, out, on_batch, engine, Stopwatch() if stopwatch is None else stopwatch)
 
 
 def _generate_pool(
@@ -161,6 +164,7 @@ def _generate_pool(
     out: Path,
     on_batch: Callable[[Progress], None] | None,
     engine: "Engine | KeptEngine | None",
+    stopwatch: Stopwatch,
 ) -> Path:
     check_output_path(out, config.overwrite)  # before any slow work; held: an earlier holder may have ended
     problems, dataset_meta = load_dataset(config.dataset, **dataset_kwargs(config))
@@ -181,12 +185,13 @@ def _generate_pool(
     elif isinstance(engine, KeptEngine):
         engine = engine.for_pool(config, model_dir, prompts.max_model_len)
     try:
-        _sample_and_store(config, engine, tokenizer, prompts, rule, partial, progress, on_batch)
+        _sample_and_store(config, engine, tokenizer, prompts, rule, partial, progress, on_batch, stopwatch)
         footer = _footer(
             config, model_dir, identity, tokenizer, engine, template, dataset_meta, rule, progress, prompts
         )
         footer = _with_run_totals(footer, config, partial, dataset_prompts=len(problems))
-        return _write_pool(out, config.overwrite, partial, footer)
+        with stopwatch.timing("writing"):
+            return _write_pool(out, config.overwrite, partial, footer)
     finally:
         if owns_engine:
             engine.close()
@@ -284,6 +289,7 @@ def _sample_and_store(
     partial: PartialRun,
     progress: Progress,
     on_batch: Callable[[Progress], None] | None,
+    stopwatch: Stopwatch,
 ) -> None:
     """Sample and score (answer ``rule``) the prompts no earlier run stored, storing each finished batch as
     a part of ``partial`` with the counters it adds, until --keep-groups groups are kept when it is given;
@@ -301,6 +307,7 @@ def _sample_and_store(
             config.sampling,
             config.batch_prompts,
             rule,
+            stopwatch,
         )
         with closing(batches):  # stopped at --keep-groups: the batch sampled ahead is dropped
             for batch in batches:
@@ -326,7 +333,8 @@ def _sample_and_store(
                     "seconds": now - batch_started,
                 }
                 batch_started = now
-                partial.add_part(pa.Table.from_pylist(rows, schema=POOL_SCHEMA), counters)
+                with stopwatch.timing("writing"):
+                    partial.add_part(pa.Table.from_pylist(rows, schema=POOL_SCHEMA), counters)
                 if on_batch is not None:
                     on_batch(progress)
                 if progress.groups_kept == wanted:

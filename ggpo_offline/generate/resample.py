@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.remote import RemoteWorker
 from ggpo_offline.core.settings import config_from, leaves
+from ggpo_offline.core.stopwatch import Stopwatch
 from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig
 from ggpo_offline.generate.engines.base import SamplingSettings
 from ggpo_offline.pool.info import PoolInfo
@@ -130,11 +131,11 @@ class LocalSampler:
 
         self.engine = KeptEngine()
 
-    def sample(self, config: GenerateConfig) -> Path:
+    def sample(self, config: GenerateConfig) -> "SampledRound":
         """The pool of ``config`` written (`sample_round`)."""
         return sample_round(config, self.engine)
 
-    def answer(self, kind: str, config: GenerateConfig) -> Path:
+    def answer(self, kind: str, config: GenerateConfig) -> "SampledRound":
         return self.sample(config)
 
     def close(self) -> None:
@@ -148,7 +149,7 @@ class RemoteSampler:
     def __init__(self, timeout_s: float):
         self._worker = RemoteWorker("the sampling engine", LocalSampler, None, timeout_s)
 
-    def sample(self, config: GenerateConfig) -> Path:
+    def sample(self, config: GenerateConfig) -> "SampledRound":
         """The pool of ``config`` written (`sample_round`)."""
         return self._worker.ask(("generate", config), f"sampling {Path(config.out).name}")
 
@@ -161,19 +162,29 @@ def round_sampler(engine: str, timeout_s: float) -> "LocalSampler | RemoteSample
     return LocalSampler() if engine == "hf" else RemoteSampler(timeout_s)
 
 
-def sample_round(config: GenerateConfig, engine) -> Path:
+@dataclass(frozen=True)
+class SampledRound:
+    """A round's pool, written, and the wall seconds spent on it "sampling", "scoring" (waiting for rewards)
+    and "writing" (`generate_pool`'s stopwatch)."""
+
+    path: Path
+    seconds: dict[str, float]
+
+
+def sample_round(config: GenerateConfig, engine) -> SampledRound:
     """`generate_pool` of a round (its own resume state kept until the pool is in place), its prompt window
     doubled while every prompt of it was sampled and too few groups were mixed — a policy that learns
     leaves fewer mixed groups per prompt — until the dataset has no more prompts. The widening depends only
     on the round's settings and samples, so a rerun widens the same way."""
     from ggpo_offline.generate.pipeline import TooFewGroups, generate_pool
 
+    stopwatch = Stopwatch()
     widened = (stored_settings(config.out) or {}).get("dataset.limit") or 0
     if widened > config.num_prompts:  # a kill stopped a widened window: its stored batches are resumed
         config = dataclasses.replace(config, num_prompts=widened)
     while True:
         try:
-            return generate_pool(config, engine=engine)
+            return SampledRound(generate_pool(config, engine=engine, stopwatch=stopwatch), stopwatch.seconds)
         except TooFewGroups as error:
             if error.dataset_prompts < config.num_prompts:
                 raise

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.stopwatch import Stopwatch
 from ggpo_offline.generate.engines import Engine, Sample, SamplingSettings, prompt_seed
 from ggpo_offline.generate.problems import Problem
 from ggpo_offline.generate.prompts import encode_prompt, format_prompt
@@ -104,25 +105,29 @@ def sample_and_score(
     sampling: SamplingSettings,
     batch_prompts: int,
     rule: AnswerRule | Sequence[AnswerRule] = "math-verify",
+    stopwatch: Stopwatch | None = None,
 ) -> Iterator[ScoredBatch]:
     """Sample ``sampling.m`` responses per problem, decode and score them under answer ``rule`` (one for
-    all problems, or one per problem), one batch at a time, in order.
+    all problems, or one per problem), one batch at a time, in order; ``stopwatch`` gets the time spent
+    sampling and decoding ("sampling") and waiting for rewards ("scoring").
 
     Each problem samples from ``prompt_seed(sampling.seed, prompt_id)``, so its responses do not depend
     on batching. The rewards of a batch are computed by the scorer's workers while the engine samples
     the next batch.
     """
+    stopwatch = Stopwatch() if stopwatch is None else stopwatch
     pending = None
     for start in range(0, len(problems), batch_prompts):
         batch_problems = problems[start : start + batch_prompts]
-        samples = engine.generate(
-            prompt_ids[start : start + batch_prompts],
-            [prompt_seed(sampling.seed, p.prompt_id) for p in batch_problems],
-            sampling,
-        )
-        responses = [
-            [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in group] for group in samples
-        ]
+        with stopwatch.timing("sampling"):
+            samples = engine.generate(
+                prompt_ids[start : start + batch_prompts],
+                [prompt_seed(sampling.seed, p.prompt_id) for p in batch_problems],
+                sampling,
+            )
+            responses = [
+                [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in group] for group in samples
+            ]
         pairs = [
             (text, p.answer) for p, group in zip(batch_problems, responses, strict=True) for text in group
         ]
@@ -131,14 +136,16 @@ def sample_and_score(
             rules = [rule[start + i] for i, group in enumerate(responses) for _ in group]
         handle = scorer.submit(pairs, rules)
         if pending is not None:
-            yield _scored(*pending)
+            yield _scored(*pending, stopwatch)
         pending = (start, batch_problems, samples, responses, handle)
     if pending is not None:
-        yield _scored(*pending)
+        yield _scored(*pending, stopwatch)
 
 
-def _scored(start, problems, samples, responses, handle) -> ScoredBatch:
-    return ScoredBatch(start, problems, samples, responses, handle.get())
+def _scored(start, problems, samples, responses, handle, stopwatch: Stopwatch) -> ScoredBatch:
+    with stopwatch.timing("scoring"):  # only what the next batch's sampling did not already cover
+        rewards = handle.get()
+    return ScoredBatch(start, problems, samples, responses, rewards)
 
 
 def reward_description(timeout_s: float, rules: Collection[AnswerRule] = ("math-verify",)) -> dict:

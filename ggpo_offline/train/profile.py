@@ -20,6 +20,14 @@ PHASES = {
     "forward_backward": "the update's log-probs, loss and backward, every micro-batch",
     "optimizer": "the update's loss summed over ranks, gradient clipping and the optimizer step",
     "checkpoint": "writing a checkpoint (weights and resume state)",
+    "round_engine": "a --sync-every round's engine started or given its checkpoint; its prompts encoded",
+    "round_sampling": "the round's responses sampled and decoded",
+    "round_scoring": "waiting for the round's rewards (scored while the next batch samples: what is left)",
+    "round_writing": "the round's batches stored and its pool written",
+    "round_index": "reading and indexing the round's pool",
+    "round_reference": "π_ref's log-probs of the round's responses (the methods that have one)",
+    "round_rescore": "--behavior-logprobs learner: the learner's log-probs of the round on its sampler",
+    "round_diagnostics": "the round's mismatch, entropy and length under the policy that sampled it",
     "probe": "the drift from π0 at an evaluated checkpoint: a no-gradient forward over the fixed probe",
     "evaluate": "a validation evaluation: engine start or weight load, sampling and scoring",
     "test": "the test evaluations of the selected, final and initial checkpoints",
@@ -33,6 +41,7 @@ TRAINING_PHASES = (
     "forward_backward",
     "optimizer",
     "checkpoint",
+    *(phase for phase in PHASES if phase.startswith("round_")),
     "probe",
     "final",
 )
@@ -78,11 +87,16 @@ class RunProfile:
         return profile
 
     @contextmanager
-    def phase(self, phase: str, update: int | None = None) -> Iterator[None]:
-        """Time the block as ``phase`` (of ``update``); a block that raises is not recorded."""
+    def phase(self, phase: str, update: int | None = None) -> Iterator[dict[str, float]]:
+        """Time the block as ``phase`` (of ``update``); a block that raises is not recorded. Seconds the
+        block puts in the dict it is given, by phase, are recorded as those phases and carved out of its
+        own (a round's sampling, timed where it ran)."""
         start = time.perf_counter()
-        yield
-        self.pending.append(PhaseTime(phase, update, round(time.perf_counter() - start, 4)))
+        parts: dict[str, float] = {}
+        yield parts
+        elapsed = time.perf_counter() - start - sum(parts.values())
+        self.pending += [PhaseTime(name, update, round(seconds, 4)) for name, seconds in parts.items()]
+        self.pending.append(PhaseTime(phase, update, round(elapsed, 4)))
 
     def take(self) -> list[PhaseTime]:
         """The phases timed since the last take (`Run` appends them to the run's profile.jsonl)."""

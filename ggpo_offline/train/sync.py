@@ -3,6 +3,7 @@ checkpoint that starts it (or read), its minibatches, its π_ref and behavior lo
 measured on the sampling policy before any update on it."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +35,9 @@ from ggpo_offline.train.rounds import (
 )
 from ggpo_offline.train.run_folder import RunFolder
 from ggpo_offline.train.run_inputs import Fingerprints, RunInputs, score_pi0
+
+if TYPE_CHECKING:
+    from ggpo_offline.generate.resample import SampledRound
 
 
 class RunRounds:
@@ -110,8 +114,9 @@ class RunRounds:
         path = self.dir / f"round-{index:04d}.parquet"
         if self.ranks.main and not path.is_file():  # a round written before a kill is complete: it is kept
             doing(f"sampling round {index} with the checkpoint of update {start}")
-            with self.profile.phase("round_sample", start):
-                self._sample(index, previous.next_prompt, sampler, path)
+            with self.profile.phase("round_engine", start) as parts:
+                sampled = self._sample(index, previous.next_prompt, sampler, path)
+                parts.update({f"round_{name}": seconds for name, seconds in sampled.seconds.items()})
         wait_for_main(self.ranks)
         with self.profile.phase("round_index", start):
             pool = check_pool(path)
@@ -122,7 +127,7 @@ class RunRounds:
             write_records(self.dir, self.config, self.records)
         return Round(record, pool)
 
-    def _sample(self, index: int, first_prompt: int, sampler: Path, path: Path) -> None:
+    def _sample(self, index: int, first_prompt: int, sampler: Path, path: Path) -> "SampledRound":
         from ggpo_offline.generate.resample import round_sampler
 
         start = index * self.config.sync_every
@@ -133,7 +138,7 @@ class RunRounds:
         )
         if self._sampler is None:
             self._sampler = round_sampler(config.engine, self.timeouts.solo)
-        self._sampler.sample(config)
+        return self._sampler.sample(config)
 
     def _mixed_rate(self) -> float | None:
         """The last sampled round's mixed groups per prompt sampled (None before any: the pool's)."""
