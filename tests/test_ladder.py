@@ -14,12 +14,13 @@ PROBLEMS = tuple(f"p{i}" for i in range(12))
 
 
 def _counts(shift: dict[str, int], falls: bool) -> Counts:
-    """Two samples per problem; GGPO gets ``shift[method]`` more problems fully right than the base grid,
-    which differs by seed and problem (runs that differ); with ``falls`` every final evaluation loses 2."""
+    """Two samples per problem; each method of ``shift`` gets ``shift[method]`` more problems fully right than
+    the base grid, which differs by seed and problem (runs that differ); with ``falls`` every final evaluation
+    loses 2."""
     rng = np.random.default_rng(0)
     base = {seed: rng.integers(0, 3, len(PROBLEMS)) for seed in SEEDS}
     correct = {}
-    for method in ("grpo", "ggpo"):
+    for method in shift:
         for seed in SEEDS:
             peak = base[seed].copy()
             peak[: shift[method]] = 2
@@ -30,13 +31,13 @@ def _counts(shift: dict[str, int], falls: bool) -> Counts:
             ]:  # fmt: skip
                 correct[(method, seed, split, update)] = {"arith": tuple(int(v) for v in values)}
     return Counts(
-        methods=("grpo", "ggpo"),
+        methods=tuple(shift),
         seeds=SEEDS,
         n={"validation": 2, "test": 2},
         ks={"validation": (1,), "test": (1,)},
         prompts={"validation": {"arith": PROBLEMS}, "test": {"arith": PROBLEMS}},
         correct=correct,
-        selected={(m, s): 10 for m in ("grpo", "ggpo") for s in SEEDS},
+        selected={(m, s): 10 for m in shift for s in SEEDS},
         drift={},
     )
 
@@ -106,3 +107,25 @@ def test_a_rung_without_counts_is_one_line(tmp_path):
         result.returncode != 0
         and "has no counts.json: give the folder of a finished ggpo compare" in result.stderr
     )
+
+
+def test_a_rung_that_trained_fewer_methods_is_reported_beside_the_others(tmp_path):
+    """N = 1 with GRPO and GGPO only (the time it had), beside N = 4 and offline with AGRO too."""
+    offline = tmp_path / "offline"
+    offline.mkdir()
+    _counts({"grpo": 0, "agro": 0, "ggpo": 0}, falls=True).write(offline / "counts.json")
+    _rung(tmp_path / "sync4", _counts({"grpo": 0, "agro": 3, "ggpo": 6}, falls=False), sync_every=4)
+    _rung(tmp_path / "sync1", _counts({"grpo": 0, "ggpo": 6}, falls=False), sync_every=1)
+    rungs = f"{tmp_path / 'sync1'},{tmp_path / 'sync4'}"
+    out = tmp_path / "out"
+    result = ggpo_here("ladder-report", "--offline", str(offline), "--rungs", rungs, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    data = json.loads((out / "ladder.json").read_text())
+    assert sorted(data["against_offline"]["N = 1"]) == ["ggpo", "grpo"]
+    assert sorted(data["claim_above"]["N = 1"]) == ["grpo"] and sorted(data["claim_above"]["N = 4"]) == [
+        "agro",
+        "grpo",
+    ]
+    agro = data["against_offline"]["N = 4"]["agro"]
+    readme = (out / "README.md").read_text()
+    assert f"| AGRO | {agro['offline']:.2f} | — | {agro['rung']:.2f} ({agro['difference']}) |" in readme

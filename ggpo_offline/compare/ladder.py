@@ -184,13 +184,14 @@ def _readme(config: LadderConfig, offline: Rung, rungs: list[Rung], data: dict) 
 
 
 def _against_offline_table(offline: Rung, rungs: list[Rung], data: dict) -> list[str]:
+    """A row per offline method some rung trained ("—" where a rung did not)."""
     header = ["method", "offline"] + [f"{r} (− offline [95 %])" for r in data["rungs"]]
     rows = []
-    for method in _methods(offline, *rungs):
-        row = [display(method), f"{data['against_offline'][data['rungs'][0]][method]['offline']:.2f}"]
-        for rung in data["rungs"]:
-            cell = data["against_offline"][rung].get(method)
-            row.append("—" if cell is None else f"{cell['rung']:.2f} ({cell['difference']})")
+    for method in [m for m in offline.counts.methods if any(m in r.counts.methods for r in rungs)]:
+        cells = [data["against_offline"][rung].get(method) for rung in data["rungs"]]
+        offline_mean = next(cell["offline"] for cell in cells if cell is not None)
+        row = [display(method), f"{offline_mean:.2f}"]
+        row += ["—" if cell is None else f"{cell['rung']:.2f} ({cell['difference']})" for cell in cells]
         rows.append(row)
     return [
         "## Each method at each N beside its offline self (test, selected checkpoint)",
