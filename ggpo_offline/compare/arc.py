@@ -24,7 +24,7 @@ from ggpo_offline.compare.render import ReportData, Section, arc_scores, written
 from ggpo_offline.compare.report import Report, write_report
 from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import UserError, replace_text, write_json
 from ggpo_offline.generate.engines.base import EngineName
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train.learners import learner
@@ -50,14 +50,14 @@ def arc_report(config: ArcConfig) -> Path:
         runs = ablation_runs(_ablation_parts(config.ablations))
         write_ablation_runs(out, runs)
         ablations = ablation_table(report.counts, runs)
-        (out / ABLATIONS_FILE).write_text(ablations)
+        replace_text(out / ABLATIONS_FILE, ablations)
     else:  # the folder keeps an earlier arc-report's ablations, and its README shows them
         earlier = out / ABLATIONS_FILE
         ablations = earlier.read_text() if earlier.is_file() else None
     by_run = {(r.method, r.seed): r for r in records}
     chosen = [by_run[(m, config.styles_seed)] for m in config.methods if (m, config.styles_seed) in by_run]
     styles = styles_along(chosen, config.styles_problems, out / "styles.json", config.styles_engine)
-    (out / STYLES_FILE).write_text(styles)
+    replace_text(out / STYLES_FILE, styles)
     write_readme(config, records, report, ablations, styles)
     return out
 
@@ -123,7 +123,7 @@ def _ablation_parts(folder: Path) -> dict[str, list[RunRecord]]:
 
 def write_ablation_runs(folder: Path, runs: dict) -> None:
     """ablations.json: the ablation runs' validation counts (`ablation_runs`)."""
-    (folder / ABLATIONS_COUNTS).write_text(json.dumps(runs, indent=1) + "\n")
+    replace_text(folder / ABLATIONS_COUNTS, json.dumps(runs, indent=1) + "\n")
 
 
 def read_ablation_runs(folder: Path) -> dict | None:
@@ -258,7 +258,7 @@ def styles_along(records: list[RunRecord], problems: int, json_out: Path, engine
     finally:
         if engine is not None:
             engine.close()
-    json_out.write_text(json.dumps(measured, indent=2) + "\n")
+    write_json(measured, json_out)
     return styles_table(measured, problems, records[0].seed)
 
 

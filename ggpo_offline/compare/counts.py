@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from ggpo_offline.compare.finished_runs import RunRecord
-from ggpo_offline.core.errors import UserError, replacing
+from ggpo_offline.core.errors import UserError, replace_text
 from ggpo_offline.train.metric_names import MISMATCH_DRIFT, PROBE_METRICS, UPDATE
 
 COUNTS_FILE = "counts.json"
@@ -141,8 +141,7 @@ class Counts:
             for (m, s, split, u), by_benchmark in self.correct.items()
         ]
         lines.append(' "evaluations": [\n  ' + ",\n  ".join(evaluations) + "\n ]")
-        with replacing(path) as tmp:
-            tmp.write_text("{\n" + "\n".join(lines) + "\n}\n")
+        replace_text(path, "{\n" + "\n".join(lines) + "\n}\n")
 
     def check(self) -> None:
         """Every run evaluated at the same validation updates, and on test (when any was) at the same final

@@ -12,7 +12,7 @@ from ggpo_offline.compare.config import LadderConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, SELECTED, Counts
 from ggpo_offline.compare.tables import display
 from ggpo_offline.core import markdown
-from ggpo_offline.core.errors import UserError, write_json
+from ggpo_offline.core.errors import UserError, replace_text, write_json
 from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_METRICS
 from ggpo_offline.train.run_folder import RunFolder
 
@@ -59,7 +59,7 @@ def ladder_report(config: LadderConfig) -> Path:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(data, out / LADDER_FILE)
-    (out / README).write_text(_readme(config, offline, rungs, data))
+    replace_text(out / README, _readme(config, offline, rungs, data))
     return out
 
 

@@ -10,7 +10,7 @@ from typing import Literal
 from ggpo_offline import __version__
 from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, STATISTICS, Report
-from ggpo_offline.core.errors import UserError, replacing
+from ggpo_offline.core.errors import UserError, replace_text
 
 REPORT_DATA = "report.json"
 """A report folder's run-derived sections, which `ggpo report` renders again beside recomputed scores."""
@@ -71,8 +71,7 @@ class ReportData:
     def write(self, folder: Path) -> None:
         sections = [{"name": s.name, "heading": s.heading, "lines": list(s.lines)} for s in self.sections]
         data = {"format": REPORT_FORMAT, "kind": self.kind, "sections": sections}
-        with replacing(folder / REPORT_DATA) as tmp:
-            tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+        replace_text(folder / REPORT_DATA, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
     @classmethod
     def read(cls, folder: Path) -> "ReportData":
@@ -105,8 +104,7 @@ def write_readme(folder: Path, data: ReportData, scored: list[Section]) -> Path:
     """report.json, then README.md rendered from its sections and the ``scored`` ones; returns README.md."""
     data.write(folder)
     readme = folder / "README.md"
-    with replacing(readme) as tmp:
-        tmp.write_text(render(data.kind, [*data.sections, *scored]))
+    replace_text(readme, render(data.kind, [*data.sections, *scored]))
     return readme
 
 

@@ -22,7 +22,7 @@ from ggpo_offline.compare.tables import (
     table5_section,
 )
 from ggpo_offline.compare.variance import variance_section
-from ggpo_offline.core.errors import replacing
+from ggpo_offline.core.errors import replace_text, replacing
 from ggpo_offline.train.metric_names import (
     CHECKPOINT_METRICS,
     GRAD_NORM,
@@ -102,8 +102,7 @@ class Report:
     report (``--ceilings``) or arith test problems, and then the report has no such file."""
 
     def write_tables(self, out: Path) -> None:
-        with replacing(out / "table.md") as tmp:
-            tmp.write_text(self.tables)
+        replace_text(out / "table.md", self.tables)
         with replacing(out / "table.csv") as tmp, tmp.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
             writer.writeheader()
@@ -114,8 +113,7 @@ class Report:
         another comparison's."""
         self.write_tables(out)
         if self.ceilings:
-            with replacing(out / CEILINGS_FILE) as tmp:
-                tmp.write_text(self.ceilings)
+            replace_text(out / CEILINGS_FILE, self.ceilings)
         else:
             (out / CEILINGS_FILE).unlink(missing_ok=True)
 

@@ -51,13 +51,17 @@ def replacing(path: Path | str) -> Iterator[Path]:
             raise
 
 
-def write_json(data: dict, path: Path) -> None:
-    """``data`` as indented JSON through `replacing`: no half-written file is left, and an earlier one
+def replace_text(path: Path | str, text: str) -> None:
+    """``text`` as the file ``path`` through `replacing`: no half-written file is left, and an earlier one
     survives a failed write (disk full, folder not writable: a UserError naming ``path``)."""
-    text = json.dumps(data, indent=2) + "\n"
     with replacing(path) as tmp:
         tmp.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text)
+
+
+def write_json(data: dict, path: Path) -> None:
+    """``data`` as indented JSON (`replace_text`)."""
+    replace_text(path, json.dumps(data, indent=2) + "\n")
 
 
 class JobFailure(UserError):

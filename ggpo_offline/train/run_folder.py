@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ggpo_offline.core.errors import UserError, replacing, writing
+from ggpo_offline.core.errors import UserError, replace_text, writing
 from ggpo_offline.core.one_writer import clear_but_the_lock, holds_only_the_lock
 from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.metric_names import UPDATE
@@ -140,8 +140,8 @@ class RunFolder:
         """Drop the records of ``update`` and later (a resumed run computes them again); the rest."""
         kept = [r for r in self.read_metrics() if r[UPDATE] < update]
         if self.metrics_file.is_file():
-            with replacing(self.metrics_file) as tmp:  # a refused write keeps every record
-                tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            # a refused write keeps every record
+            replace_text(self.metrics_file, "".join(json.dumps(r) + "\n" for r in kept))
         return kept
 
 
