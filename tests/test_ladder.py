@@ -116,12 +116,15 @@ def test_a_rung_that_trained_fewer_methods_is_reported_beside_the_others(tmp_pat
     _counts({"grpo": 0, "agro": 0, "ggpo": 0}, falls=True).write(offline / "counts.json")
     _rung(tmp_path / "sync4", _counts({"grpo": 0, "agro": 3, "ggpo": 6}, falls=False), sync_every=4)
     _rung(tmp_path / "sync1", _counts({"grpo": 0, "ggpo": 6}, falls=False), sync_every=1)
+    stopped = _counts({"grpo-tis": 0}, falls=False)  # a run of a method its compare no longer trains
+    _rung(tmp_path / "other", stopped, sync_every=1)
+    (tmp_path / "other" / "runs" / "grpo-tis-s1").rename(tmp_path / "sync1" / "runs" / "grpo-tis-s1")
     rungs = f"{tmp_path / 'sync1'},{tmp_path / 'sync4'}"
     out = tmp_path / "out"
     result = ggpo_here("ladder-report", "--offline", str(offline), "--rungs", rungs, "--out", str(out))
     assert result.returncode == 0, result.stderr
     data = json.loads((out / "ladder.json").read_text())
-    assert sorted(data["against_offline"]["N = 1"]) == ["ggpo", "grpo"]
+    assert sorted(data["against_offline"]["N = 1"]) == ["ggpo", "grpo"] == sorted(data["rounds"]["N = 1"])
     assert sorted(data["claim_above"]["N = 1"]) == ["grpo"] and sorted(data["claim_above"]["N = 4"]) == [
         "agro",
         "grpo",

@@ -36,9 +36,14 @@ class Rung:
         return "offline" if self.sync_every is None else f"N = {self.sync_every}"
 
     def runs(self) -> list[RunFolder]:
-        return [
-            RunFolder(p) for p in sorted((self.folder / "runs").glob("*")) if (p / "metrics.jsonl").is_file()
-        ]
+        """The runs its counts hold (a folder's other runs, e.g. a stopped one of another method, are not)."""
+        folders = [p for p in sorted((self.folder / "runs").glob("*")) if (p / "metrics.jsonl").is_file()]
+        runs = [RunFolder(p) for p in folders]
+        return [run for run in runs if self._counted(run.read_settings())]
+
+    def _counted(self, settings) -> bool:
+        method, seed = settings.setting("method"), settings.setting("seed")
+        return method in self.counts.methods and seed in self.counts.seeds
 
 
 def ladder_report(config: LadderConfig) -> Path:
