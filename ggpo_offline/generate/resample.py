@@ -50,7 +50,7 @@ class PromptSource:
         """The pool of one round: ``model`` samples from ``first_prompt`` on until ``groups`` mixed-reward
         groups are kept, from a window of prompts twice what they need at ``mixed_rate`` (the previous
         round's; default the pool's) — `sample_round` widens it when the policy's rate fell further."""
-        window = WINDOW_MARGIN * math.ceil(groups / (mixed_rate or self.mixed_rate)) + 8
+        window = self.window(groups, mixed_rate)
         return config_from(
             GenerateConfig,
             {
@@ -64,6 +64,17 @@ class PromptSource:
             },
             where=f"the pool's recorded settings for {out}",
         )
+
+    def window(self, groups: int, mixed_rate: float | None = None) -> int:
+        """The prompts a round of ``groups`` mixed groups may draw at first (`round_config`)."""
+        return WINDOW_MARGIN * math.ceil(groups / (mixed_rate or self.mixed_rate)) + 8
+
+    def prompts_sampled(self, groups: int) -> int:
+        """How many prompts the engine samples for a round at the pool's mixed rate: its batches until the
+        groups are kept and the one sampled ahead meanwhile, at most the window."""
+        batch = self.settings.get("batch_prompts", GenerateConfig.batch_prompts)
+        needed = math.ceil(groups / self.mixed_rate)
+        return min(self.window(groups), (math.ceil(needed / batch) + 1) * batch)
 
     def check_prompts_left(self, groups: int) -> None:
         """Refused, with one line, when the dataset cannot hold the prompts that ``groups`` mixed groups

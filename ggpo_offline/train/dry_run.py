@@ -182,15 +182,15 @@ def _round_lines(plan: RunPlan) -> list[str]:
     if source is None:
         return [f"rounds: 1 (--sync-every {n} covers all {config.updates} updates: the offline run)"]
     groups = n * config.groups_per_batch
-    prompts = round(groups / source.mixed_rate)
+    needed, sampled = round(groups / source.mixed_rate), source.prompts_sampled(groups)
     counts, seconds = inputs.info.counts, inputs.info.generation_seconds
     pace = "at an unknown pace (the pool records no generation time)"
     if seconds and counts.prompts:
-        pace = f"~{_duration((rounds - 1) * prompts * seconds / counts.prompts)} in all at the pool's pace"
+        pace = f"~{_duration((rounds - 1) * sampled * seconds / counts.prompts)} in all at the pool's pace"
     return [
-        f"rounds: {rounds} of {n} updates; round 0 is the pool, rounds 1..{rounds - 1} are sampled by the "
-        f"checkpoints of updates {n}, {2 * n}, ...",
+        f"rounds: {rounds} of {n} update{'s' if n > 1 else ''}; round 0 is the pool, rounds 1..{rounds - 1} "
+        f"are sampled by the checkpoints of updates {n}, {2 * n}, ...",
         f"sampling: {groups} mixed groups a round from {source.dataset} (prompt {source.next_prompt} on), "
-        f"about {prompts} prompts each at the pool's mixed rate {source.mixed_rate:.0%}, {pace}; "
-        f"{config.behavior_logprobs} behavior log-probs",
+        f"about {needed} prompts each at the pool's mixed rate {source.mixed_rate:.0%}, {sampled} sampled "
+        f"(the engine's batches and its window), {pace}; {config.behavior_logprobs} behavior log-probs",
     ]
