@@ -4,6 +4,7 @@ between rounds resumes to the uninterrupted one; its recorded rounds replay thro
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -107,6 +108,10 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+ONE_RUN = pytest.mark.xdist_group("sync-rounds")
+"""The tests on `uninterrupted` share a pytest-xdist worker (make test's loadgroup): it is trained once."""
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(hf_pool, tmp_path_factory) -> Path:
     """`_command` run to its end without a stop: --sync-every 1, three rounds, a checkpoint every update."""
@@ -116,6 +121,7 @@ def uninterrupted(hf_pool, tmp_path_factory) -> Path:
     return whole
 
 
+@ONE_RUN
 def test_sync_every_1_trains_each_update_on_samples_of_the_checkpoint_before_it(hf_pool, uninterrupted):
     folder = uninterrupted / "rounds"
     records = read_records(folder)
@@ -145,6 +151,7 @@ def test_sync_every_1_trains_each_update_on_samples_of_the_checkpoint_before_it(
     assert sorted(phases) == sorted((phase, update) for phase in sampled for update in (1, 2))
 
 
+@ONE_RUN
 def test_killed_inside_a_round_and_between_rounds_it_resumes_to_the_uninterrupted_run(
     hf_pool, uninterrupted, tmp_path
 ):
@@ -173,6 +180,24 @@ def test_killed_inside_a_round_and_between_rounds_it_resumes_to_the_uninterrupte
     assert replayed.fingerprints.data_order_fingerprint == recorded["data_order_fingerprint"]
     assert replayed.fingerprints.pool_fingerprint == recorded["pool_fingerprint"]
     assert [m["train/reward"] for m in replayed.metrics] == [m["train/reward"] for m in _metrics(whole)]
+
+
+@ONE_RUN
+def test_each_learner_family_replays_the_recorded_rounds_on_their_minibatches(uninterrupted, tmp_path):
+    """Beside GRPO+TIS (sampled), GGPO (N = U) and GRPO (the kill test's replay): a clipped and an unclipped
+    learner with a reference, a masking and a bypass correction, each entering the three rounds (π_ref and
+    behavior log-probs of each) on exactly the recorded minibatches."""
+    recorded = json.loads((uninterrupted / "result.json").read_text())
+    rewards = [m["train/reward"] for m in _metrics(uninterrupted)]
+    for method in ("ggpo-clip", "agro", "trl-sequence-mask", "verl-bypass-pg-is"):
+        replay = TrainConfig(
+            pool=uninterrupted / "rounds", method=method, updates=3, out=tmp_path / method, **SMALL
+        )
+        result = train(replay)
+        assert result.fingerprints.data_order_fingerprint == recorded["data_order_fingerprint"], method
+        assert [m[ROUND_INDEX] for m in result.metrics if ROUND_INDEX in m] == [0.0, 1.0, 2.0], method
+        assert all(math.isfinite(v) for m in result.metrics for v in m.values()), method
+        assert [m["train/reward"] for m in result.metrics] == rewards, method
 
 
 def _imported_copy(pool: Path, out: Path) -> Path:
@@ -238,6 +263,7 @@ def test_dry_run_shows_the_rounds_and_what_sampling_them_costs(hf_pool, tmp_path
     assert not (tmp_path / "run").exists()
 
 
+@ONE_RUN
 def test_two_processes_sample_and_train_the_rounds_as_one_process_does(hf_pool, uninterrupted, tmp_path):
     """--nproc 2: rank 0 samples each round while the other waits, then each trains its share of it. Two
     updates (one sampled round) against the first two of the one-process run and its checkpoint there."""
