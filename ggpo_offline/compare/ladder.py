@@ -239,7 +239,7 @@ def _rounds_table(data: dict) -> list[str]:
     ages = sorted((k for k in found if k.startswith(MISMATCH_K3 + "@")), key=lambda k: int(k.split("@")[1]))
     header = ["N", "method", *ROUND_METRICS, *ages]
     rows = [
-        [name, display(m), *(f"{v.get(k, float('nan')):.4g}" for k in [*ROUND_METRICS, *ages])]
+        [name, display(m), *("—" if k not in v else f"{v[k]:.4g}" for k in [*ROUND_METRICS, *ages])]
         for name, by in data["rounds"].items()
         for m, v in by.items()
     ]
