@@ -129,6 +129,13 @@ def test_a_rung_that_trained_fewer_methods_is_reported_beside_the_others(tmp_pat
         "agro",
         "grpo",
     ]
+    # Each method has the same counts at N = 1 and 4: flat, exactly; from N = 4 to offline GGPO loses what
+    # N = 4 gained over it.
+    flat = "+0.00 [+0.00, +0.00] not resolved"
+    assert data["steps"]["N = 1 → N = 4"] == {"grpo": flat, "ggpo": flat}
+    ggpo = data["against_offline"]["N = 4"]["ggpo"]
+    assert data["steps"]["N = 4 → offline"]["ggpo"].startswith(f"{ggpo['offline'] - ggpo['rung']:+.2f} [")
+    assert sorted(data["steps"]["N = 4 → offline"]) == ["agro", "ggpo", "grpo"]
     readme = (out / "README.md").read_text()
     assert "| N = 1 | GGPO | 0.5 | " in readme and " | 0 | — | — | — |" in readme  # no update is 1-3 stale
     agro = data["against_offline"]["N = 4"]["agro"]

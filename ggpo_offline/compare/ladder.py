@@ -2,6 +2,7 @@
 the offline compare of the same pool, seeds and evaluation (its N = U): each method at each N against its
 offline self, the paper's two claims at each N, the fall after the peak, and the rounds' mismatch."""
 
+import itertools
 import statistics
 from pathlib import Path
 
@@ -58,6 +59,7 @@ def ladder_report(config: LadderConfig) -> Path:
         "rungs": [r.name for r in rungs],
         "against_offline": _against_offline(offline, rungs, seeds),
         "claim_above": _claim_above([offline, *rungs], seeds),
+        "steps": _steps(rungs, offline, seeds),
         "falls": _falls([offline, *rungs], seeds),
         "rounds": {r.name: _round_means(r) for r in rungs},
     }
@@ -131,6 +133,28 @@ def _claim_above(rungs: list[Rung], seeds: list[int]) -> dict:
     return found
 
 
+def _steps(rungs: list[Rung], offline: Rung, seeds: list[int]) -> dict:
+    """Each method from one N to the next larger (offline last: N = U) on test at the selected checkpoint,
+    larger − smaller, paired by seed and problem: is it flat as N grows (the paper's second claim)? Each
+    step's methods are one family."""
+    ladder = [*sorted(rungs, key=lambda rung: rung.sync_every), offline]
+    n = offline.counts.n["test"]
+    found = {}
+    for smaller, larger in itertools.pairwise(ladder):
+        methods = _methods(smaller, larger)
+        intervals = [
+            stats.difference(
+                _matrix(larger.counts, m, "test", SELECTED, seeds),
+                _matrix(smaller.counts, m, "test", SELECTED, seeds),
+                n,
+            )
+            for m in methods
+        ]
+        judged = stats.judge(intervals)
+        found[f"{smaller.name} → {larger.name}"] = {m: j.text() for m, j in zip(methods, judged, strict=True)}
+    return found
+
+
 def _falls(rungs: list[Rung], seeds: list[int]) -> dict:
     """Validation peak (the selected checkpoint) and final mean@n, and the fall peak − final paired within
     each run: does the method still collapse at this N? Each N's methods are one family."""
@@ -182,6 +206,7 @@ def _readme(config: LadderConfig, offline: Rung, rungs: list[Rung], data: dict) 
     sections = [
         _against_offline_table(offline, rungs, data),
         _claims_table(offline, data),
+        _steps_table(offline, data),
         _falls_table(offline, data),
         _rounds_table(data),
     ]
@@ -216,6 +241,18 @@ def _claims_table(offline: Rung, data: dict) -> list[str]:
         "## GGPO above the others at each N (test, selected checkpoint; each N one family)",
         "",
         *markdown.table(header, rows, "l" + "r" * len(others)),
+        "",
+    ]
+
+
+def _steps_table(offline: Rung, data: dict) -> list[str]:
+    steps = data["steps"]
+    methods = [m for m in offline.counts.methods if any(m in by for by in steps.values())]
+    rows = [[step] + [by.get(m, "—") for m in methods] for step, by in steps.items()]
+    return [
+        "## Each method as N grows (test, selected checkpoint: larger N − smaller; each step one family)",
+        "",
+        *markdown.table(["N", *map(display, methods)], rows, "l" + "r" * len(methods)),
         "",
     ]
 
