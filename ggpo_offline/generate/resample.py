@@ -67,13 +67,17 @@ class PromptSource:
 
     def window(self, groups: int, mixed_rate: float | None = None) -> int:
         """The prompts a round of ``groups`` mixed groups may draw at first (`round_config`)."""
-        return WINDOW_MARGIN * math.ceil(groups / (mixed_rate or self.mixed_rate)) + 8
+        return WINDOW_MARGIN * self.prompts_needed(groups, mixed_rate) + 8
+
+    def prompts_needed(self, groups: int, mixed_rate: float | None = None) -> int:
+        """The prompts ``groups`` mixed groups take at ``mixed_rate`` (default the pool's)."""
+        return math.ceil(groups / (mixed_rate or self.mixed_rate))
 
     def prompts_sampled(self, groups: int) -> int:
         """How many prompts the engine samples for a round at the pool's mixed rate: its batches until the
         groups are kept and the one sampled ahead meanwhile, at most the window."""
         batch = self.settings.get("batch_prompts", GenerateConfig.batch_prompts)
-        needed = math.ceil(groups / self.mixed_rate)
+        needed = self.prompts_needed(groups)
         return min(self.window(groups), (math.ceil(needed / batch) + 1) * batch)
 
     def check_prompts_left(self, groups: int) -> None:
@@ -82,7 +86,7 @@ class PromptSource:
         from ggpo_offline.generate.datasets import load_dataset
         from ggpo_offline.generate.pipeline import dataset_kwargs
 
-        needed = math.ceil(groups / self.mixed_rate)
+        needed = self.prompts_needed(groups)
         config = self.round_config(Path("-"), self.next_prompt, groups, Path("-"))
         try:
             wanted = dataclasses.replace(config, num_prompts=self.next_prompt + needed)

@@ -182,7 +182,7 @@ def _round_lines(plan: RunPlan) -> list[str]:
     if source is None:
         return [f"rounds: 1 (--sync-every {n} covers all {config.updates} updates: the offline run)"]
     groups = n * config.groups_per_batch
-    needed, sampled = round(groups / source.mixed_rate), source.prompts_sampled(groups)
+    needed, sampled = source.prompts_needed(groups), source.prompts_sampled(groups)
     counts, seconds = inputs.info.counts, inputs.info.generation_seconds
     pace = "at an unknown pace (the pool records no generation time)"
     if seconds and counts.prompts:
