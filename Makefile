@@ -188,12 +188,11 @@ arc-explain: setup
 # The paper's staleness ladder (docs/ladder/): the policy that samples synchronised every N updates
 # (--sync-every, Algorithm 1), beside the offline runs of the same pool, seeds and evaluation (N = U), which
 # are make demo's and make arc's committed reports (docs/demo, docs/arc): at each N of LADDER_SYNC (20
-# updates) make demo's four learners, at N = 1 GRPO and GGPO only (LADDER_N1_METHODS: 20 rounds a run, ~7
-# min each on one core); at the arc's length (60) the collapsing GGPO beside GRPO+TIS at N = 4. Two lanes,
-# one a core, as in make arc; then one report per length.
+# updates) make demo's four learners (an N = 1 run: 20 rounds, ~7 min on one core); at the arc's length (60)
+# the collapsing GGPO beside GRPO+TIS at N = 4. Two lanes, one a core, as in make arc; then one report per
+# length.
 LADDER_OUT ?= reports/ladder
 LADDER_SYNC ?= 1 4
-LADDER_N1_METHODS ?= grpo,ggpo
 LADDER_TINY := $(BIN)/ggpo compare --pool $(DEMO_POOL) --preset tiny --seeds $(DEMO_SEEDS) --eval-n 2 \
 	--eval-num-problems 64 --test-num-problems 64 --threads 1 --ceilings $(CEILINGS) --no-tracking
 LADDER_ARC := $(ARC_ABLATION) --methods grpo-tis,ggpo --sync-every 4 --out $(LADDER_OUT)/arc-sync4
@@ -205,8 +204,8 @@ ladder: setup
 	$(BIN)/ggpo pool score $(DEMO_POOL)
 	$(BIN)/ggpo pool score $(ARC_POOL)
 	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); \
-	  for n in $(LADDER_SYNC); do methods=; [ $$n = 1 ] && methods="--methods $(LADDER_N1_METHODS)"; \
-	  $(LADDER_TINY) $$methods --sync-every $$n --out $(LADDER_OUT)/tiny-sync$$n || exit 1; done ) & first=$$!; \
+	  for n in $(LADDER_SYNC); do \
+	  $(LADDER_TINY) --sync-every $$n --out $(LADDER_OUT)/tiny-sync$$n || exit 1; done ) & first=$$!; \
 	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); $(LADDER_ARC) ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
 	$(BIN)/ggpo ladder-report --offline docs/demo --out $(LADDER_OUT)/tiny \
