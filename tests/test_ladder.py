@@ -2,12 +2,15 @@
 claims at each N, the fall after the peak, the rounds' mismatch; on counts whose answers are known."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
-from test_cli import ggpo_here
+from test_cli import assert_one_error_line, ggpo_here
 
 from ggpo_offline.compare.counts import Counts
+from ggpo_offline.compare.report import write_diagnostics
 from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_K3
+from ggpo_offline.train.run_records import RunSettings
 
 SEEDS = (1, 2, 3)
 PROBLEMS = tuple(f"p{i}" for i in range(12))
@@ -42,22 +45,26 @@ def _counts(shift: dict[str, int], falls: bool) -> Counts:
     )
 
 
-def _rung(folder, counts: Counts, sync_every: int) -> None:
+def _rung(folder, counts: Counts, sync_every: int, others: tuple[str, ...] = ()) -> None:
+    """A synchronised compare's files: its counts, and the diagnostics.csv its report writes from runs that
+    logged a round every ``sync_every`` updates (and runs of ``others``, which its counts do not hold)."""
     folder.mkdir(parents=True)
     counts.write(folder / "counts.json")
-    for method in counts.methods:
-        for seed in counts.seeds:
-            run = folder / "runs" / f"{method}-s{seed}"
-            run.mkdir(parents=True)
-            (run / "config.json").write_text(
-                json.dumps({"method": method, "seed": seed, "sync_every": sync_every})
-            )
-            records = [
+    runs = [
+        SimpleNamespace(
+            method=method,
+            seed=seed,
+            settings=RunSettings({"method": method, "seed": seed, "sync_every": sync_every}),
+            metrics=[
                 {"update": u, MISMATCH_K3: 0.01 * (u % sync_every)}
                 | ({ROUND_INDEX: u // sync_every, ROUND_K3: 0.5} if u % sync_every == 0 else {})
                 for u in range(8)
-            ]
-            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            ],
+        )
+        for method in (*counts.methods, *others)
+        for seed in counts.seeds
+    ]
+    write_diagnostics(runs, folder / "diagnostics.csv")
 
 
 def test_the_ladder_pairs_each_rung_with_the_offline_runs_of_its_seeds(tmp_path):
@@ -115,10 +122,8 @@ def test_a_rung_that_trained_fewer_methods_is_reported_beside_the_others(tmp_pat
     offline.mkdir()
     _counts({"grpo": 0, "agro": 0, "ggpo": 0}, falls=True).write(offline / "counts.json")
     _rung(tmp_path / "sync4", _counts({"grpo": 0, "agro": 3, "ggpo": 6}, falls=False), sync_every=4)
-    _rung(tmp_path / "sync1", _counts({"grpo": 0, "ggpo": 6}, falls=False), sync_every=1)
-    stopped = _counts({"grpo-tis": 0}, falls=False)  # a run of a method its compare no longer trains
-    _rung(tmp_path / "other", stopped, sync_every=1)
-    (tmp_path / "other" / "runs" / "grpo-tis-s1").rename(tmp_path / "sync1" / "runs" / "grpo-tis-s1")
+    sync1 = _counts({"grpo": 0, "ggpo": 6}, falls=False)
+    _rung(tmp_path / "sync1", sync1, sync_every=1, others=("grpo-tis",))  # a method it no longer trains
     rungs = f"{tmp_path / 'sync1'},{tmp_path / 'sync4'}"
     out = tmp_path / "out"
     result = ggpo_here("ladder-report", "--offline", str(offline), "--rungs", rungs, "--out", str(out))
@@ -140,3 +145,19 @@ def test_a_rung_that_trained_fewer_methods_is_reported_beside_the_others(tmp_pat
     assert "| N = 1 | GGPO | 0.5 | " in readme and " | 0 | — | — | — |" in readme  # no update is 1-3 stale
     agro = data["against_offline"]["N = 4"]["agro"]
     assert f"| AGRO | {agro['offline']:.2f} | — | {agro['rung']:.2f} ({agro['difference']}) |" in readme
+
+
+def test_a_rung_not_trained_with_sync_every_is_one_line(tmp_path):
+    """The offline compare given as a rung: its diagnostics.csv names no N."""
+    offline = tmp_path / "offline"
+    offline.mkdir()
+    counts = _counts({"grpo": 0}, falls=False)
+    counts.write(offline / "counts.json")
+    plain = [
+        SimpleNamespace(method="grpo", seed=seed, settings=RunSettings({}), metrics=[{"update": 0}])
+        for seed in SEEDS
+    ]
+    write_diagnostics(plain, offline / "diagnostics.csv")
+    result = ggpo_here("ladder-report", "--offline", str(offline), "--rungs", str(offline))
+    assert_one_error_line(result, "its diagnostics.csv has no sync_every column: give a compare trained with")
+    assert not (offline / "README.md").exists()

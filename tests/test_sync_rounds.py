@@ -2,6 +2,7 @@
 recorded as a pool in the run folder; N = U is the offline run, bit for bit; a run killed inside a round or
 between rounds resumes to the uninterrupted one; its recorded rounds replay through another learner."""
 
+import csv
 import dataclasses
 import json
 import math
@@ -17,13 +18,15 @@ from conftest import REPO, stopped_itself
 from safetensors.torch import load_file
 from test_cli import GGPO, assert_one_error_line, ggpo_here
 
+from ggpo_offline.compare.finished_runs import load_run
+from ggpo_offline.compare.report import write_diagnostics
 from ggpo_offline.core.model_io import weights_sha256
 from ggpo_offline.pool.info import PoolDataset
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.pool.writer import PoolWriter
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import STOP_VARIABLE
-from ggpo_offline.train.metric_names import ROUND_INDEX, ROUND_K3
+from ggpo_offline.train.metric_names import ROUND_INDEX, ROUND_K3, ROUND_METRICS
 from ggpo_offline.train.rounds import MANIFEST, read_records
 from ggpo_offline.train.run_folder import RunFolder
 from ggpo_offline.train.trainer import train
@@ -149,6 +152,23 @@ def test_sync_every_1_trains_each_update_on_samples_of_the_checkpoint_before_it(
     sampled = ["round_engine", "round_sampling", "round_scoring", "round_writing", "round_index"]
     phases = [(t.phase, t.update) for t in RunFolder(uninterrupted).read_profile() if t.phase in sampled]
     assert sorted(phases) == sorted((phase, update) for phase in sampled for update in (1, 2))
+
+
+@ONE_RUN
+def test_a_compares_diagnostics_carry_the_rounds_and_their_n(uninterrupted, tmp_path):
+    """What `ggpo ladder-report` reads instead of the runs: every row names N, each round's first update
+    its round's measures, as the run logged them."""
+    record = load_run(uninterrupted, "grpo-tis", 1)
+    write_diagnostics([record], tmp_path / "diagnostics.csv")
+    with (tmp_path / "diagnostics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert {row["sync_every"] for row in rows} == {"1"}
+    logged = {int(m["update"]): m for m in _metrics(uninterrupted) if ROUND_INDEX in m}
+    assert sorted(logged) == [0, 1, 2]
+    for row in rows:
+        metrics = logged.get(int(row["update"]), {})
+        for name in (ROUND_INDEX, *ROUND_METRICS):
+            assert row[name] == (str(metrics[name]) if metrics else ""), (row["update"], name)
 
 
 @ONE_RUN

@@ -1,21 +1,22 @@
 """`ggpo ladder-report`: the staleness ladder (docs/ladder/) — compares trained with --sync-every N beside
 the offline compare of the same pool, seeds and evaluation (its N = U): each method at each N against its
-offline self, the paper's two claims at each N, the fall after the peak, and the rounds' mismatch."""
+offline self, the paper's two claims at each N, the fall after the peak, and the rounds' mismatch; read from
+the compares' committed files alone (counts.json and diagnostics.csv), not their runs."""
 
 import itertools
-import statistics
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.config import LadderConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, SELECTED, Counts
+from ggpo_offline.compare.report import DIAGNOSTICS_FILE, SYNC_EVERY
 from ggpo_offline.compare.tables import display
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError, replace_text, write_json
-from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_METRICS
-from ggpo_offline.train.run_folder import RunFolder
+from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_METRICS, UPDATE
 
 README = "README.md"
 LADDER_FILE = "ladder.json"
@@ -24,33 +25,49 @@ CLAIMED = "ggpo"
 
 
 class Rung:
-    """One compare of the ladder: its N, its counts and its runs."""
+    """One compare of the ladder: its N (None offline), its counts and, for a synchronised one, its runs'
+    diagnostics per update (diagnostics.csv: the counted runs' rows)."""
 
-    def __init__(self, folder: Path, sync_every: int | None):
-        path = Path(folder) / COUNTS_FILE
-        if not path.is_file():
-            raise UserError(f"{folder} has no {COUNTS_FILE}: give the folder of a finished ggpo compare")
-        self.folder, self.counts, self.sync_every = Path(folder), Counts.read(path), sync_every
+    def __init__(self, folder: Path, synchronised: bool):
+        self.folder = Path(folder)
+        self.counts = Counts.read(self._file(COUNTS_FILE))
+        self.diagnostics, self.sync_every = None, None
+        if synchronised:
+            rows = pl.read_csv(self._file(DIAGNOSTICS_FILE), infer_schema_length=None)
+            methods, seeds = list(self.counts.methods), list(self.counts.seeds)
+            self.diagnostics = rows.filter(pl.col("method").is_in(methods) & pl.col("seed").is_in(seeds))
+            self.sync_every = self._sync_every()
+
+    def _file(self, name: str) -> Path:
+        if not (self.folder / name).is_file():
+            raise UserError(f"{self.folder} has no {name}: give the folder of a finished ggpo compare")
+        return self.folder / name
+
+    def _sync_every(self) -> int:
+        """The N the rung's runs were trained with (every run of a compare shares it)."""
+        if SYNC_EVERY not in self.diagnostics.columns:
+            raise UserError(
+                f"{self.folder}: its {DIAGNOSTICS_FILE} has no {SYNC_EVERY} column: give a compare trained "
+                "with --sync-every N (one whose report predates the column is rewritten by running its ggpo "
+                "compare again, which reuses its finished runs)"
+            )
+        found = self.diagnostics[SYNC_EVERY].unique().to_list()
+        if len(found) != 1 or None in found:
+            raise UserError(
+                f"{self.folder}: its runs were not all trained with one --sync-every (found "
+                f"{sorted(map(str, found))})"
+            )
+        return int(found[0])
 
     @property
     def name(self) -> str:
         return "offline" if self.sync_every is None else f"N = {self.sync_every}"
 
-    def runs(self) -> list[RunFolder]:
-        """The runs its counts hold (a folder's other runs, e.g. a stopped one of another method, are not)."""
-        folders = [p for p in sorted((self.folder / "runs").glob("*")) if (p / "metrics.jsonl").is_file()]
-        runs = [RunFolder(p) for p in folders]
-        return [run for run in runs if self._counted(run.read_settings())]
-
-    def _counted(self, settings) -> bool:
-        method, seed = settings.setting("method"), settings.setting("seed")
-        return method in self.counts.methods and seed in self.counts.seeds
-
 
 def ladder_report(config: LadderConfig) -> Path:
     """Write the ladder's README.md and ladder.json (every number in it) into ``config.out``."""
-    offline = Rung(config.offline, None)
-    rungs = [Rung(folder, _sync_every(Path(folder))) for folder in config.rungs]
+    offline = Rung(config.offline, synchronised=False)
+    rungs = [Rung(folder, synchronised=True) for folder in config.rungs]
     seeds = [s for s in rungs[0].counts.seeds if all(s in r.counts.seeds for r in [offline, *rungs])]
     if not seeds:
         raise UserError("the offline compare and the rungs share no seed")
@@ -68,16 +85,6 @@ def ladder_report(config: LadderConfig) -> Path:
     write_json(data, out / LADDER_FILE)
     replace_text(out / README, _readme(config, offline, rungs, data))
     return out
-
-
-def _sync_every(folder: Path) -> int:
-    """The N the rung's runs were trained with (every run of a compare shares it)."""
-    found = {RunFolder(p).read_settings().setting("sync_every") for p in (folder / "runs").glob("*")}
-    if len(found) != 1 or None in found:
-        raise UserError(
-            f"{folder}: its runs were not all trained with one --sync-every (found {sorted(map(str, found))})"
-        )
-    return found.pop()
 
 
 def _matrix(counts: Counts, method: str, split: str, checkpoint: int | str, seeds: list[int]) -> np.ndarray:
@@ -175,19 +182,19 @@ def _falls(rungs: list[Rung], seeds: list[int]) -> dict:
 def _round_means(rung: Rung) -> dict:
     """Per method, the rounds' diagnostics (metric_names "round/") averaged over every round of every
     seed, and the per-update mismatch K3 by the update's place in its round (how stale its samples are)."""
-    by_method: dict[str, dict[str, list[float]]] = {}
-    for run in rung.runs():
-        method = run.read_settings().setting("method")
-        values = by_method.setdefault(method, {})
-        for record in run.read_metrics():
-            if ROUND_INDEX in record:
-                for key in ROUND_METRICS:
-                    if key in record:
-                        values.setdefault(key, []).append(record[key])
-            if MISMATCH_K3 in record:
-                age = record["update"] % rung.sync_every
-                values.setdefault(f"{MISMATCH_K3}@{age}", []).append(record[MISMATCH_K3])
-    return {m: {k: statistics.fmean(v) for k, v in values.items()} for m, values in by_method.items()}
+    rows = rung.diagnostics
+    measured = [name for name in ROUND_METRICS if name in rows.columns]
+    rounds = rows.filter(pl.col(ROUND_INDEX).is_not_null()) if ROUND_INDEX in rows.columns else rows.clear()
+    aged = rows.filter(pl.col(MISMATCH_K3).is_not_null()).with_columns(age=pl.col(UPDATE) % rung.sync_every)
+    found = {}
+    for method in rung.counts.methods:
+        own = rounds.filter(pl.col("method") == method)
+        means = {name: own[name].cast(pl.Float64).mean() for name in measured}
+        k3 = pl.col(MISMATCH_K3).cast(pl.Float64).mean()
+        ages = aged.filter(pl.col("method") == method).group_by("age").agg(k3)
+        means |= {f"{MISMATCH_K3}@{age}": k3 for age, k3 in ages.sort("age").iter_rows()}
+        found[method] = {name: value for name, value in means.items() if value is not None}
+    return {method: means for method, means in found.items() if means}
 
 
 def _readme(config: LadderConfig, offline: Rung, rungs: list[Rung], data: dict) -> str:

@@ -33,6 +33,8 @@ from ggpo_offline.train.metric_names import (
     POLICY_ENTROPY,
     REF_LOG_RATIO,
     RESPONSE_LENGTH,
+    ROUND_INDEX,
+    ROUND_METRICS,
     UPDATE,
 )
 
@@ -71,10 +73,16 @@ CORRECTION_DIAGNOSTICS = tuple(
 """A framework preset's share of tokens and responses its correction masks or truncates, its mean weight, and
 whether its rejections kept no token of the minibatch: columns of diagnostics.csv when a run logged them
 (`ggpo_offline.train.losses.composed`)."""
+ROUND_DIAGNOSTICS = (ROUND_INDEX, *ROUND_METRICS)
+"""A round's mismatch, entropy and length, logged at its first update by a run trained with --sync-every
+(`ggpo_offline.train.sync`): columns of diagnostics.csv when a run logged them."""
+SYNC_EVERY = "sync_every"
+"""The setting a synchronised run's every row of diagnostics.csv carries: the ladder reads its N there."""
 
 __all__ = [
     "DIAGNOSTICS_FILE",
     "FIGURES",
+    "SYNC_EVERY",
     "Counts",
     "Report",
     "STATISTICS",
@@ -157,11 +165,15 @@ def write_report(
 def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str, ...] = ()) -> None:
     """Every run's training diagnostics per update, one row each (empty where a run logged none): the raw
     data of the figures' diagnostic panels and of the ESS and drift the reports quote; at evaluated
-    checkpoints, the drift from π0 on the probe and what the policy generated (`CHECKPOINT_METRICS`), where
-    the runs logged them. ``settings`` names run settings that tell the runs apart beyond method and seed
-    (a sweep's ``lr``)."""
+    checkpoints, the drift from π0 on the probe and what the policy generated (`CHECKPOINT_METRICS`), and
+    at a round's first update its diagnostics (`ROUND_DIAGNOSTICS`), where the runs logged them.
+    ``settings`` names run settings written beside method and seed on every row (a sweep's ``lr``), and
+    runs trained with --sync-every add theirs (`SYNC_EVERY`), so that the file alone is the data of the
+    staleness ladder (`ggpo ladder-report`)."""
+    if any(record.settings.setting(SYNC_EVERY) is not None for record in records):
+        settings = (*settings, SYNC_EVERY)
     logged = {name for record in records for row in record.metrics for name in row}
-    optional = CORRECTION_DIAGNOSTICS + CHECKPOINT_METRICS
+    optional = CORRECTION_DIAGNOSTICS + CHECKPOINT_METRICS + ROUND_DIAGNOSTICS
     columns = DIAGNOSTICS + tuple(name for name in optional if name in logged)
     with replacing(path) as tmp, tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
