@@ -11,6 +11,9 @@ PROJECT_STAMP := $(VENV)/.project
 POOL ?= pools/base.parquet
 # The two cores that `make tune-lr` and `make arc` pin their two compares to (one a core).
 CORES ?= 0 1
+# A lane of two running side by side: its core for vLLM's CPU threads, and OpenMP threads that sleep at a
+# barrier instead of spinning against the other lane's (ggpo_offline/jobs/local.py says why and what it saves).
+lane = export VLLM_CPU_OMP_THREADS_BIND=$(word $(1),$(CORES)) OMP_WAIT_POLICY=PASSIVE;
 # The embedded model's forced accuracies per prompt class (its model card's measure): the demo's report sets
 # every method against the two ceilings of selection they give.
 CEILINGS ?= ggpo_offline/organism/tiny_model/styles.json
@@ -48,7 +51,7 @@ $(SLURM_STAMP): $(PROJECT_STAMP)
 	fi
 
 # The compares of `make demo`, `make beyond` and `make corrections` train two runs at a time, one a core
-# (`--jobs 2`: a worker per core keeps its engine from run to run; vLLM's CPU threads pinned to its core).
+# (`--jobs 2`: a worker per core keeps its engine from run to run; each worker is set as a `lane` above).
 JOBS ?= 2
 
 # The main job on the embedded default: its pool (if absent), then four methods x five seeds on it, evaluated
@@ -116,9 +119,9 @@ TUNE := $(BIN)/ggpo compare --pool $(POOL) --preset tiny --seeds $(TUNE_SEEDS) -
 define tune_sweep
 @if [ -f $(POOL) ]; then echo "$(POOL) exists; keeping it (delete it to regenerate)"; \
 else $(BIN)/ggpo generate-pool --out $(POOL); fi
-( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); for lr in $(TUNE_LRS); do \
+( $(call lane,1) for lr in $(TUNE_LRS); do \
   $(TUNE) --methods $(1) --lr $$lr --out $(3)/first-lr$$lr || exit 1; done ) & first=$$!; \
-( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); for lr in $(TUNE_LRS); do \
+( $(call lane,2) for lr in $(TUNE_LRS); do \
   $(TUNE) --methods $(2) --lr $$lr --out $(3)/second-lr$$lr || exit 1; done ); \
 second=$$?; wait $$first && [ $$second -eq 0 ]
 parts=$$(for lr in $(TUNE_LRS); do printf '%s,' $(3)/first-lr$$lr $(3)/second-lr$$lr; done); \
@@ -161,9 +164,9 @@ arc: setup
 	$(BIN)/ggpo pool validate $(ARC_POOL)
 	$(BIN)/ggpo pool score $(ARC_POOL)
 	mkdir -p $(ARC_OUT)/ablations
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); \
+	( $(call lane,1) \
 	  $(ARC) --methods $(ARC_FIRST) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/first ) & first=$$!; \
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); \
+	( $(call lane,2) \
 	  $(ARC) --methods $(ARC_SECOND) --seeds $(ARC_SEEDS) --out $(ARC_OUT)/second \
 	  && $(ARC_ABLATION) --methods agro,ggpo --ref-refresh never --out $(ARC_OUT)/ablations/tref-never ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
@@ -176,10 +179,10 @@ arc: setup
 arc-explain: setup
 	@test -f $(ARC_OUT)/first/compare.json -a -f $(ARC_OUT)/second/compare.json \
 		|| { echo "error: $(ARC_OUT) holds no arc runs; run make arc first"; exit 1; }
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); \
+	( $(call lane,1) \
 	  $(ARC_ABLATION) --methods agro,ggpo --beta 0.03 --out $(ARC_OUT)/ablations/beta-0.03 \
 	  && $(ARC_ABLATION) --methods agro,ggpo --beta 0.1 --out $(ARC_OUT)/ablations/beta-0.1 ) & first=$$!; \
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); \
+	( $(call lane,2) \
 	  $(ARC_ABLATION) --methods agro,ggpo --beta 0.3 --out $(ARC_OUT)/ablations/beta-0.3 \
 	  && $(ARC_ABLATION) --methods ggpo-bounded-push --out $(ARC_OUT)/ablations/bounded-push ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
@@ -203,10 +206,10 @@ ladder: setup
 	else $(BIN)/ggpo generate-pool --num-prompts 1024 --out $(ARC_POOL); fi
 	$(BIN)/ggpo pool score $(DEMO_POOL)
 	$(BIN)/ggpo pool score $(ARC_POOL)
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 1,$(CORES)); \
+	( $(call lane,1) \
 	  for n in $(LADDER_SYNC); do \
 	  $(LADDER_TINY) --sync-every $$n --out $(LADDER_OUT)/tiny-sync$$n || exit 1; done ) & first=$$!; \
-	( export VLLM_CPU_OMP_THREADS_BIND=$(word 2,$(CORES)); $(LADDER_ARC) ); \
+	( $(call lane,2) $(LADDER_ARC) ); \
 	second=$$?; wait $$first && [ $$second -eq 0 ]
 	$(BIN)/ggpo ladder-report --offline docs/demo --out $(LADDER_OUT)/tiny \
 	  --rungs $(subst $(space),$(comma),$(foreach n,$(LADDER_SYNC),$(LADDER_OUT)/tiny-sync$(n)))

@@ -264,6 +264,17 @@ def test_a_second_compare_on_a_report_folder_in_use_is_refused(vllm_pool, vllm_e
     assert updates == [sorted(set(u)) for u in updates] and all(u[-1] == 2 for u in updates)  # each once
 
 
+def test_each_of_two_workers_gets_its_core_and_openmp_threads_that_sleep_at_a_barrier():
+    """The report of two workers equals one's byte for byte (the test below), with the wait policy or not."""
+    from ggpo_offline.jobs.local import worker_environments
+
+    assert worker_environments(2, 1, [0, 1], []) == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_WAIT_POLICY": "PASSIVE"},
+        {"VLLM_CPU_OMP_THREADS_BIND": "1", "OMP_WAIT_POLICY": "PASSIVE"},
+    ]
+    assert worker_environments(1, 1, [0, 1], []) == [{}]  # one worker: the caller's own setting
+
+
 def test_two_workers_give_the_report_of_one_and_a_killed_one_is_one_line_whose_command_continues(
     vllm_pool, tmp_path
 ):

@@ -5,6 +5,7 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+from conftest import REPO
 from test_cli import assert_one_error_line, ggpo_here
 
 from ggpo_offline.compare.counts import Counts
@@ -161,3 +162,13 @@ def test_a_rung_not_trained_with_sync_every_is_one_line(tmp_path):
     result = ggpo_here("ladder-report", "--offline", str(offline), "--rungs", str(offline))
     assert_one_error_line(result, "its diagnostics.csv has no sync_every column: give a compare trained with")
     assert not (offline / "README.md").exists()
+
+
+def test_the_committed_ladder_is_written_again_from_the_committed_compares_alone(tmp_path):
+    """docs/ladder/tiny from docs/demo's and the rungs' counts.json and diagnostics.csv, no run folder."""
+    committed = REPO / "docs" / "ladder" / "tiny"
+    rungs = "docs/ladder/tiny-sync1,docs/ladder/tiny-sync4"
+    result = ggpo_here("ladder-report", "--offline", "docs/demo", "--rungs", rungs, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for name in ("README.md", "ladder.json"):
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name

@@ -33,6 +33,9 @@ COMMITTED = (
     "tuning",
     "corrections/tuning",
     "corrections/tuning/rerun-2026-12-06",
+    "ladder/tiny-sync1",
+    "ladder/tiny-sync4",
+    "ladder/arc-sync4",
 )
 """Every report folder under docs/ (`make demo`, beyond, corrections, arc, tune-lr, tune-corrections)."""
 
