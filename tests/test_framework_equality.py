@@ -22,6 +22,10 @@ F64 = torch.float64
 NUMBERS = json.loads((Path(__file__).with_name("framework_numbers.json")).read_text())
 PRESET = {preset.name: preset.correction for preset in CORRECTION_PRESETS}
 TOLERANCE = 1e-10
+FLOAT32_TOLERANCE = 1e-8
+"""For a framework that reads its weight in float32 (AReaL): torch's float32 exp is within an ulp, not the
+same ulp, on every processor (AVX-512 here moves two of the padded input's weights by one, and six losses
+by 2-4e-9 against the fixture's machine); a float64 weight, the realistic bug, breaks eight entries."""
 
 
 def _correction(entry: dict) -> Correction:
@@ -50,16 +54,18 @@ def _number(value) -> float:
 
 
 def differing() -> list[str]:
-    """The fixture's entries this toolkit does not reproduce to 1e-10 (loss, or any gradient entry; a NaN loss
-    must be NaN here too)."""
+    """The fixture's entries this toolkit does not reproduce to 1e-10, or `FLOAT32_TOLERANCE` (loss, or any
+    gradient entry; a NaN loss must be NaN here too)."""
     wrong = []
     for entry in NUMBERS["entries"]:
-        loss, grad = _loss(_correction(entry), entry["input"])
+        correction = _correction(entry)
+        tolerance = FLOAT32_TOLERANCE if correction.float32_ratio else TOLERANCE
+        loss, grad = _loss(correction, entry["input"])
         theirs = _number(entry["loss"])
         expected = torch.tensor([[_number(v) for v in row] for row in entry["grad"]], dtype=F64)
         both_nan = math.isnan(loss) and math.isnan(theirs)
-        same_loss = both_nan or abs(loss - theirs) <= TOLERANCE
-        if not (same_loss and torch.allclose(grad, expected, rtol=0, atol=TOLERANCE)):
+        same_loss = both_nan or abs(loss - theirs) <= tolerance
+        if not (same_loss and torch.allclose(grad, expected, rtol=0, atol=tolerance)):
             wrong.append(f"{entry['framework']} {entry['config']} on {entry['input']}")
     return wrong
 
