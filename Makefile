@@ -191,9 +191,9 @@ arc-explain: setup
 # The paper's staleness ladder (docs/ladder/): the policy that samples synchronised every N updates
 # (--sync-every, Algorithm 1), beside the offline runs of the same pool, seeds and evaluation (N = U), which
 # are make demo's and make arc's committed reports (docs/demo, docs/arc): at each N of LADDER_SYNC (20
-# updates) make demo's four learners (an N = 1 run: 20 rounds, 7-14 min on one core); at the arc's length (60)
-# the collapsing GGPO beside GRPO+TIS at N = 4. Two lanes, one a core, as in make arc; then one report per
-# length.
+# updates) make demo's four learners (an N = 1 run: 19 sampled rounds, ~4.5 min two at a time); at the
+# arc's length (60) the collapsing GGPO beside GRPO+TIS at N = 4. Two lanes, one a core, as in make arc;
+# then one report per length.
 LADDER_OUT ?= reports/ladder
 LADDER_SYNC ?= 1 4
 LADDER_TINY := $(BIN)/ggpo compare --pool $(DEMO_POOL) --preset tiny --seeds $(DEMO_SEEDS) --eval-n 2 \

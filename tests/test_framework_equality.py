@@ -23,9 +23,10 @@ NUMBERS = json.loads((Path(__file__).with_name("framework_numbers.json")).read_t
 PRESET = {preset.name: preset.correction for preset in CORRECTION_PRESETS}
 TOLERANCE = 1e-10
 FLOAT32_TOLERANCE = 1e-8
-"""For a framework that reads its weight in float32 (AReaL): torch's float32 exp is within an ulp, not the
-same ulp, on every processor (AVX-512 here moves two of the padded input's weights by one, and six losses
-by 2-4e-9 against the fixture's machine); a float64 weight, the realistic bug, breaks eight entries."""
+"""For a framework that reads its weight in float32 (AReaL): torch's float32 exp is within an ulp of exact,
+not the same ulp on every processor (with AVX-512 two of the padded input's weights are an ulp off the
+correctly rounded ones, and six losses differ from the fixture machine's by 2-4e-9); a float64 weight, the
+realistic bug, breaks eight entries."""
 
 
 def _correction(entry: dict) -> Correction:
