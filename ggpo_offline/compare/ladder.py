@@ -185,14 +185,15 @@ def _round_means(rung: Rung) -> dict:
     rows = rung.diagnostics
     measured = [name for name in ROUND_METRICS if name in rows.columns]
     rounds = rows.filter(pl.col(ROUND_INDEX).is_not_null()) if ROUND_INDEX in rows.columns else rows.clear()
-    aged = rows.filter(pl.col(MISMATCH_K3).is_not_null()).with_columns(age=pl.col(UPDATE) % rung.sync_every)
+    aged = rows.filter(pl.col(MISMATCH_K3).is_not_null()).select(
+        "method", pl.col(MISMATCH_K3).cast(pl.Float64), age=pl.col(UPDATE) % rung.sync_every
+    )
     found = {}
     for method in rung.counts.methods:
         own = rounds.filter(pl.col("method") == method)
         means = {name: own[name].cast(pl.Float64).mean() for name in measured}
-        k3 = pl.col(MISMATCH_K3).cast(pl.Float64).mean()
-        ages = aged.filter(pl.col("method") == method).group_by("age").agg(k3)
-        means |= {f"{MISMATCH_K3}@{age}": k3 for age, k3 in ages.sort("age").iter_rows()}
+        by_age = aged.filter(pl.col("method") == method).group_by("age").agg(pl.col(MISMATCH_K3).mean())
+        means |= {f"{MISMATCH_K3}@{age}": k3 for age, k3 in by_age.sort("age").iter_rows()}
         found[method] = {name: value for name, value in means.items() if value is not None}
     return {method: means for method, means in found.items() if means}
 
