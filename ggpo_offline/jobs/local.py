@@ -60,8 +60,10 @@ def worker_environments(workers: int, nproc: int, cores: list[int], gpus: list[s
     vLLM's CPU engine binds its threads only in its multiprocess executor; the engine a run starts in a
     process of its own keeps libgomp's team of every core. So the workers' OpenMP threads sleep at a barrier
     instead of spinning (`LANE_OMP`): two engines sampling at once on two cores otherwise spin against each
-    other, ~3.5x slower (a round of 72 prompts of `make ladder`: 54-80 s against 16-20 s, 2026-12-07). The
-    numbers stay the same, bit for bit: the wait policy changes when a thread runs, not what it computes."""
+    other, ~3.5x slower (a round of 72 prompts of `make ladder`: 54-80 s against 16-20 s, 2026-12-07). Runs
+    that sample no rounds pay for it a little (one A/B of four demo runs: 159 s against 148 s). The numbers
+    stay the same, bit for bit (that A/B's counts.json and diagnostics.csv): the wait policy changes when a
+    thread runs, not what it computes."""
     if workers == 1:
         return [{}]
     if len(cores) < workers:
