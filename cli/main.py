@@ -78,13 +78,16 @@ def pool_validate(path: Path = typer.Argument(..., help=POOL_ARGUMENT)) -> None:
 @pool_app.command("score")
 @with_config_flags(ScoreConfig)
 def pool_score(path: Path = typer.Argument(..., help=POOL_ARGUMENT), *, settings: dict) -> None:
-    """Score the pool's mixed groups under the initial model once (the π0 cache every run shares)."""
+    """Score the pool's mixed groups under the initial model once (the π0 cache every run shares), and
+    measure its sampler against the learner there."""
     from ggpo_offline.train.pi0_cache import ensure_pi0_cache
+    from ggpo_offline.train.sampler_mismatch import pool_mismatch
 
     config = config_from(ScoreConfig, settings)
     with render.ScoreProgress() as progress:
-        cache = ensure_pi0_cache(path, config.model, on_progress=progress.update)
+        pool, cache = ensure_pi0_cache(path, config.model, on_progress=progress.update)
     print(f"π0 cache: {cache.path}")
+    render.print_sampler_mismatch(pool_mismatch(pool, cache))
 
 
 @pool_app.command("merge")

@@ -10,6 +10,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from ggpo_offline.evaluate.report import EvalReport
     from ggpo_offline.pool.inspect import PoolSummary
+    from ggpo_offline.train.sampler_mismatch import SamplerMismatch
 
 console = Console(stderr=True)  # progress bars
 stdout = Console(soft_wrap=True)  # results; long paths stay on one line
@@ -123,6 +124,28 @@ class ScoreProgress(_LazyProgress):
 
     def update(self, done: int, total: int) -> None:
         self._report(done, total, info="groups")
+
+
+def print_sampler_mismatch(mismatch: "SamplerMismatch") -> None:
+    """The pool's sampler against the learner before any update, each measure beside the field's name."""
+    m = mismatch
+    table = Table(
+        title=f"sampler against the learner before any update ({m.responses} responses, {m.tokens} tokens)"
+    )
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_column("the field's name")
+    for label, value, field_name in (
+        ("mean |Δ log π|", f"{m.abs_log_ratio:.3g}", "vime #64"),
+        ("K3, token mean", f"{m.k3:.3g}", "NeMo-RL gen_kl_error"),
+        ("mean |π − μ|", f"{m.probs_diff:.3g}", "verl rollout_probs_diff_mean"),
+        ("mean exp|Δ log π|", f"{m.mult_prob_error:.6g}", "NeMo-RL token_mult_prob_error"),
+        ("sequence ESS", f"{m.ess:.4f}", ""),
+        ("token ratio p05 / p50 / p95", f"{m.ratio_p05:.4f} / {m.ratio_p50:.4f} / {m.ratio_p95:.4f}", ""),
+        ("token ratios outside [0.5, 2]", f"{m.outside:.2%}", ""),
+    ):
+        table.add_row(label, value, field_name)
+    stdout.print(table)
 
 
 class ImportProgress(_LazyProgress):

@@ -237,10 +237,12 @@ def test_pool_score_writes_the_pi0_cache_once(vllm_pool, tmp_path):
     shutil.copy(vllm_pool, pool)
     result = ggpo("pool", "score", str(pool), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    cache = Path(result.stdout.split("π0 cache: ")[1].strip())
+    cache = Path(result.stdout.split("π0 cache: ")[1].splitlines()[0].strip())
+    assert "sampler against the learner before any update" in result.stdout  # and its measures
     assert cache.parent == tmp_path and cache.name.startswith("pool.pi0-") and cache.is_file()
     stamp = cache.stat().st_mtime_ns
-    assert ensure_pi0_cache(pool).path == cache and cache.stat().st_mtime_ns == stamp  # found, not rescored
+    _, found = ensure_pi0_cache(pool)
+    assert found.path == cache and cache.stat().st_mtime_ns == stamp  # found, not rescored
     assert_one_error_line(ggpo_here("pool", "score", str(tmp_path / "none.parquet")), "no such pool file")
 
 

@@ -18,11 +18,12 @@ TRAIN_SETTINGS = [
     "pool", "method", "model", "seed", "updates", "groups_per_batch", "lr", "beta", "clip", "push_bound",
     "ref_refresh", "horizon", "cost_bound", "cispo_low", "cispo_high", "tis_block", "tis_cap", "clip_eps",
     "dual_clip", "kl_coef", "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip",
-    "micro_batch_size", "forward_tokens", "no_packing", "fsdp", "sync_every", "sync_dataset",
-    "behavior_logprobs", "log_every", "ess_block", "probe_groups", "save_every", "out", "threads",
-    "tracking_uri", "experiment", "no_tracking", "allow_tokenizer_mismatch", "allow_truncated_sampling",
-    "eval_every", "eval_datasets", "test_datasets", "test_num_problems", "no_test", "allow_test_eval",
-    "eval_n", "eval_ks", "eval_num_problems", "eval_engine", "eval_seed", "eval_gpu_memory_fraction",
+    "micro_batch_size", "forward_tokens", "no_packing", "fsdp", "sync_every", "off_policy_steps", "lag",
+    "sync_dataset", "behavior_logprobs", "log_every", "ess_block", "probe_groups", "save_every", "out",
+    "threads", "tracking_uri", "experiment", "no_tracking", "allow_tokenizer_mismatch",
+    "allow_truncated_sampling", "eval_every", "eval_datasets", "test_datasets", "test_num_problems",
+    "no_test", "allow_test_eval", "eval_n", "eval_ks", "eval_num_problems", "eval_engine", "eval_seed",
+    "eval_gpu_memory_fraction",
 ]  # fmt: skip
 """Every training setting in the order of its flags, its config-file keys and config.json (before the
 evaluation's settings were nested)."""
@@ -47,6 +48,9 @@ def test_train_config_refuses_a_bad_value_at_construction():
     assert _refused(TrainConfig, method="ggpo", beta=0.0) == "--beta must be > 0 for ggpo, got 0.0"
     assert (
         _refused(TrainConfig, method="pg", ref_refresh=5) == "--ref-refresh: pg has no reference to refresh"
+    )
+    assert _refused(TrainConfig, updates=4, sync_every=1, off_policy_steps=4).startswith(
+        "--off-policy-steps must be in 0..3 (--updates - 1), got 4"
     )
 
 

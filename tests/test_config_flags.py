@@ -64,6 +64,7 @@ SPECIAL = {
     "eval_gpu_memory_fraction": 0.6, "gpu_memory_fraction": 0.6, "eval_datasets": ("a.jsonl", "arith:train"),
     "datasets": ("a.jsonl", "arith:train"), "methods": ("grpo", "ggpo"), "seeds": (3, 5), "top_p": 0.5,
     "shard_index": 1, "num_shards": 3, "preset": "tiny", "sbatch": ("constraint=a100", "exclusive="),
+    "sync_every": 1, "off_policy_steps": 1,
 }  # fmt: skip
 
 
@@ -120,12 +121,16 @@ def test_every_train_field_is_a_flag_and_a_config_file_key(tmp_path, monkeypatch
 
     values = changed_values(TrainConfig, NOT_READ_BY_GRPO_TIS)
     assert all(values[name] != leaf_values(TrainConfig())[name] for name in values)
-    expected = construct(TrainConfig, values)
+    # --lag mixed refuses --behavior-logprobs learner (its rounds have one sampler per age): set apart.
+    expected = construct(TrainConfig, values | {"lag": "fixed"})
     flags = to_flags(expected, TrainConfig)
-    assert len([word for word in flags if word.startswith("--")]) == len(values) + 2  # 2 eval, 2 test sets
+    assert len([w for w in flags if w.startswith("--")]) == len(values) + 1  # 2 eval, 2 test sets, no --lag
     no_pool = SimpleNamespace(action="train", inputs=SimpleNamespace(pool=None))  # its checks need no pool
     monkeypatch.setattr(dry_run, "plan_run", lambda config, **how: no_pool)
     assert run_cli(monkeypatch, capsys, trainer, "train", ["train", *flags]) == [expected]
+    mixed = construct(TrainConfig, values | {"behavior_logprobs": "engine"})
+    assert run_cli(monkeypatch, capsys, trainer, "train", ["train", *to_flags(mixed, TrainConfig)]) == [mixed]
+    values["lag"] = "fixed"  # the config file below: as the flags were
 
     (tmp_path / "all.toml").write_text("".join(f"{name} = {toml(value)}\n" for name, value in values.items()))
     assert resolve_config(None, tmp_path / "all.toml") == expected

@@ -78,6 +78,7 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
     from ggpo_offline.compare.config import CompareConfig
     from ggpo_offline.compare.render import compare_scores
     from ggpo_offline.train.run_inputs import Fingerprints
+    from ggpo_offline.train.sampler_mismatch import SamplerMismatch
 
     pool = write_synthetic_pool(tmp_path / "p.parquet")
     config = CompareConfig(pool=pool, methods=("grpo", "ggpo"), seeds=(1,), preset="tiny", out=tmp_path / "r")
@@ -85,7 +86,12 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
         PlannedRun(run, action, Fingerprints("pool-sha", "plan-1"))
         for run, action in zip(run_configs(config), ("train", "reuse"), strict=True)
     ]
-    records = [SimpleNamespace(seed=1, result=SimpleNamespace(run_id=f"id-{i}")) for i in range(2)]
+    measured = SamplerMismatch(0.0132, 0.0054, 0.0036, 1.05, 0.7637, 1.0, 1.002, 1.007, 0.0039, 8, 100)
+    first = [{"update": 0, **measured.metrics()}, {"update": 1}]
+    records = [
+        SimpleNamespace(seed=1, result=SimpleNamespace(run_id=f"id-{i}"), metrics=metrics)
+        for i, metrics in enumerate((first, []))
+    ]
     report = Report(counts=None, tables="### Tables\n", rows=(), ceilings="### Ceilings\n")
     config.report_dir.mkdir()
     write_compare_readme(config, planned, records, {1: "plan-1"}, None, report)
@@ -102,6 +108,12 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
         in readme
     )
     assert "MLflow: not tracked (--no-tracking).\n\n| run | this report | MLflow run | folder |\n" in readme
+    assert (
+        "- sampler against the learner before any update (`sampler/*` at update 0): mean |Δ log π| 0.0132, "
+        "K3 0.0054 (NeMo-RL's gen_kl_error), mean |π − μ| 0.0036 (verl's rollout_probs_diff_mean), sequence "
+        "ESS 0.7637, token ratio p05 / p50 / p95 1.0000 / 1.0020 / 1.0070, 0.39% of token ratios outside "
+        "[0.5, 2]\n" in readme
+    )
     assert "| ggpo-s1 | reused | `id-1` |" in readme and readme.endswith(
         "--out " + str(planned[1].config.run_dir) + "\n```\n"
     )

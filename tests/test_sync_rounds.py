@@ -345,7 +345,7 @@ def test_learner_behavior_logprobs_remove_the_engines_mismatch_from_every_round(
         groups = checked.index.mixed_group_ids[:2].tolist()
         batch = MinibatchReader(round_pool, checked.index, pad_id=0).read(groups)
         model = None if sampler is None else str(config.run_dir / "checkpoints" / f"update-{sampler:06d}")
-        learner = ensure_pi0_cache(round_pool, model).logprobs(batch)
+        learner = ensure_pi0_cache(round_pool, model)[1].logprobs(batch)
         assert ((batch.behavior_logp - learner) * batch.mask).abs().max().item() > 1e-3  # what it took away
 
 

@@ -156,6 +156,8 @@ def test_update_zero_mismatch_is_exactly_zero_on_a_float32_hf_pool(hf_pool, tmp_
     assert abs(first["mismatch/k3"]) < 1e-6 and abs(first["mismatch/drift"]) < 1e-6
     assert first["mismatch/ess"] == pytest.approx(1.0, abs=1e-6)
     assert first["ref/log_ratio"] == pytest.approx(0.0, abs=1e-6)
+    assert first["sampler/abs_log_ratio"] < 1e-6 and first["sampler/k3"] < 1e-6  # over the whole pool
+    assert first["sampler/ess"] == pytest.approx(1.0, abs=1e-6) and first["sampler/outside"] == 0
 
 
 def test_update_zero_mismatch_is_zero_on_a_pool_sampled_at_temperature_07(tmp_path):
@@ -173,6 +175,7 @@ def test_update_zero_mismatch_is_zero_on_a_pool_sampled_at_temperature_07(tmp_pa
         assert abs(first["mismatch/k3"]) < 1e-6 and abs(first["mismatch/drift"]) < 1e-6, method
         assert first["mismatch/ess"] == pytest.approx(1.0, abs=1e-6)
         assert first["ref/log_ratio"] == pytest.approx(0.0, abs=1e-6)
+        assert first["sampler/abs_log_ratio"] < 1e-6, method  # the learner applies the sampler's τ
     assert first["policy/entropy"] > 0
 
 
@@ -188,6 +191,8 @@ def test_the_second_papers_learners_start_on_policy_and_repeat_exactly(hf_pool, 
     sums = pl.read_parquet(hf_pool).group_by("group_id").agg(pl.col("reward").sum())["reward"]
     assert first[0]["train/filtered_frac"] == pytest.approx(((sums == 0) | (sums == 4)).mean())
     assert first[1]["mismatch/drift"] > 0  # the policy moved
+    assert first[0]["sampler/abs_log_ratio"] < 1e-6  # measured without a reference: π0 scored for it
+    assert not any(name.startswith("sampler/") for name in first[1])  # once, before any update
     if method in ("proximal-kl", "seq-is", "is-free"):
         assert first[0]["pkl/credit_mean"] == pytest.approx(0.0, abs=1e-6)  # π_ref = π0 = learner at update 0
         assert first[0]["pkl/credit_var"] == pytest.approx(0.0, abs=1e-6)
@@ -454,7 +459,7 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     timed = [(t.phase, t.update) for t in folder.read_profile() if t.phase != "process"]
     assert timed == [
         ("inputs", None), ("pi0", None), ("model", None),
-        ("probe", 0), ("evaluate", 0), ("forward_backward", 0), ("optimizer", 0),
+        ("probe", 0), ("evaluate", 0), ("sampler", 0), ("forward_backward", 0), ("optimizer", 0),
         ("forward_backward", 1), ("optimizer", 1), ("checkpoint", 2),
         ("probe", 2), ("evaluate", 2), ("anchors", 2), ("forward_backward", 2), ("optimizer", 2),
         ("forward_backward", 3), ("optimizer", 3), ("checkpoint", 4),

@@ -14,6 +14,7 @@ from ggpo_offline.core.settings import leaf_values, leaves, to_flags
 from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.train.config import PER_RUN, TrainConfig
+from ggpo_offline.train.metric_names import SAMPLER_FIELDS, SAMPLER_METRICS
 from ggpo_offline.train.training_presets import given_settings
 
 LAUNCH_SETTINGS = ("jobs", "nproc", *(name for name in leaves(LaunchConfig)))
@@ -59,7 +60,7 @@ def write_readme(
     ``records`` are ordered."""
     sections = [
         _heading(config),
-        _pool(config, planned[0].fingerprints.pool_fingerprint),
+        _pool(config, planned[0].fingerprints.pool_fingerprint, records),
         _data_plans(data_plans, records),
         _runs(planned, records, parent_run_id),
         *_settings([run.config for run in planned]),
@@ -81,19 +82,37 @@ def _heading(config: CompareConfig) -> Section:
     )
 
 
-def _pool(config: CompareConfig, fingerprint: str) -> Section:
+def _pool(config: CompareConfig, fingerprint: str, records: list[RunRecord]) -> Section:
     summary = pool_summary(Path(config.pool))
     info = summary.info
     lines = (
         f"- file: `{config.pool}`",
         f"- fingerprint (sha256): `{fingerprint}`",
-        f"- model: `{info.model.name}`, weights sha256 `{info.model.weights_sha256}`",
+        f"- model: `{info.model.name}`, weights sha256 `{info.model.weights_sha256}`, engine dtype "
+        f"`{info.dtype}`",
         f"- dataset: `{info.dataset_spec}`",
         f"- {summary.groups} groups × m = {info.sampling.m} = {summary.responses} "
         f"responses, mean reward {summary.mean_reward:.3f}, {summary.mixed_groups} mixed groups",
         f"- sampling: `{json.dumps(info.raw.get('sampling', {}), sort_keys=True)}`",
+        *_sampler_line(records),
     )
     return Section("pool", "## Pool", lines)
+
+
+def _sampler_line(records: list[RunRecord]) -> tuple[str, ...]:
+    """The pool's sampler against the learner before any update, as the first run that measured it logged
+    it at update 0 (every run on the pool measures the same responses); none before runs logged it."""
+    logged = [row for record in records for row in record.metrics[:1] if SAMPLER_METRICS[0] in row]
+    if not logged:
+        return ()
+    m = dict(zip(SAMPLER_FIELDS, (logged[0][name] for name in SAMPLER_METRICS), strict=True))
+    return (
+        f"- sampler against the learner before any update (`sampler/*` at update 0): mean |Δ log π| "
+        f"{m['abs_log_ratio']:.3g}, K3 {m['k3']:.3g} (NeMo-RL's gen_kl_error), mean |π − μ| "
+        f"{m['probs_diff']:.3g} (verl's rollout_probs_diff_mean), sequence ESS {m['ess']:.4f}, token ratio "
+        f"p05 / p50 / p95 {m['ratio_p05']:.4f} / {m['ratio_p50']:.4f} / {m['ratio_p95']:.4f}, "
+        f"{m['outside']:.2%} of token ratios outside [0.5, 2]",
+    )
 
 
 def _data_plans(data_plans: dict[int, str], records: list[RunRecord]) -> Section:

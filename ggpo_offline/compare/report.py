@@ -24,6 +24,7 @@ from ggpo_offline.compare.tables import (
 from ggpo_offline.compare.variance import variance_section
 from ggpo_offline.core.errors import replace_text, replacing
 from ggpo_offline.train.metric_names import (
+    AGE_METRICS,
     CHECKPOINT_METRICS,
     GRAD_NORM,
     MISMATCH_DRIFT,
@@ -35,7 +36,9 @@ from ggpo_offline.train.metric_names import (
     RESPONSE_LENGTH,
     ROUND_INDEX,
     ROUND_METRICS,
+    SAMPLER_METRICS,
     UPDATE,
+    k3_at_age,
 )
 
 STATISTICS = (
@@ -165,16 +168,19 @@ def write_report(
 def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str, ...] = ()) -> None:
     """Every run's training diagnostics per update, one row each (empty where a run logged none): the raw
     data of the figures' diagnostic panels and of the ESS and drift the reports quote; at evaluated
-    checkpoints, the drift from π0 on the probe and what the policy generated (`CHECKPOINT_METRICS`), and
-    at a round's first update its diagnostics (`ROUND_DIAGNOSTICS`), where the runs logged them.
+    checkpoints, the drift from π0 on the probe and what the policy generated (`CHECKPOINT_METRICS`), at a
+    round's first update its diagnostics (`ROUND_DIAGNOSTICS`), at update 0 the pool's sampler against the
+    learner (`SAMPLER_METRICS`), each update's ages (`AGE_METRICS`) and, with mixed ages, its K3 by age
+    (`k3_at_age`), where the runs logged them.
     ``settings`` names run settings written beside method and seed on every row (a sweep's ``lr``), and
     runs trained with --sync-every add theirs (`SYNC_EVERY`), so that the file alone is the data of the
     staleness ladder (`ggpo ladder-report`)."""
     if any(record.settings.setting(SYNC_EVERY) is not None for record in records):
         settings = (*settings, SYNC_EVERY)
     logged = {name for record in records for row in record.metrics for name in row}
-    optional = CORRECTION_DIAGNOSTICS + CHECKPOINT_METRICS + ROUND_DIAGNOSTICS
-    columns = DIAGNOSTICS + tuple(name for name in optional if name in logged)
+    optional = CORRECTION_DIAGNOSTICS + CHECKPOINT_METRICS + ROUND_DIAGNOSTICS + SAMPLER_METRICS + AGE_METRICS
+    by_age = tuple(k3_at_age(age) for age in range(max(len(logged), 1)) if k3_at_age(age) in logged)
+    columns = DIAGNOSTICS + tuple(name for name in optional if name in logged) + by_age
     with replacing(path) as tmp, tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(("method", "seed", *settings, "update", *columns))

@@ -35,6 +35,17 @@ class GenerateConfig:
         "holds exactly that many [default: every prompt's].",
     )
     sampling: SamplingSettings = setting(default_factory=SamplingSettings)
+    policy_version: int | None = setting(
+        None,
+        "The training update whose weights --model holds, stamped in the pool's footer as asynchronous "
+        "trainers stamp their samples (a --sync-every run's rounds set it) [default: none: initial weights].",
+    )
+    learner_temperature: float | None = setting(
+        None,
+        "The temperature the learner's log-probs divide the logits by [default: --temperature, as verl, "
+        "OpenRLHF and TRL do]; another value makes the sampler's distribution one the learner does not "
+        "compute (a trainer that leaves the rollout temperature out): a mismatch of dose |τ − this|.",
+    )
     engine: EngineName = setting("vllm", "Generation engine: vllm or hf.")
     dtype: Dtype = setting("auto", "Engine dtype: auto, float32, bfloat16, float16.")
     template: Template = setting(
@@ -70,6 +81,14 @@ def validate_generate_config(config: GenerateConfig) -> None:
     raise_first_failure(
         sampling_checks(config.sampling, "--samples-per-prompt")
         + [
+            (
+                config.learner_temperature is None or config.learner_temperature > 0,
+                f"--learner-temperature must be > 0, got {config.learner_temperature}",
+            ),
+            (
+                config.policy_version is None or config.policy_version >= 0,
+                f"--policy-version must be >= 0, got {config.policy_version}",
+            ),
             (config.num_prompts is None or config.num_prompts >= 1, "--num-prompts must be >= 1"),
             (config.first_prompt >= 0, f"--first-prompt must be >= 0, got {config.first_prompt}"),
             (config.keep_groups is None or config.keep_groups >= 1, "--keep-groups must be >= 1"),

@@ -457,6 +457,7 @@ def _footer(
             path=str(model_dir),
             name=config.model or EMBEDDED_MODEL,
             weights_sha256=identity["weights_sha256"],
+            policy_version=config.policy_version,
         ),
         tokenizer=PoolTokenizer(sha256=identity["tokenizer_sha256"], class_name=type(tokenizer).__name__),
         engine=PoolEngine(name=described["name"], version=described["version"]),
@@ -464,6 +465,7 @@ def _footer(
         sampling=PoolSampling(
             **config.sampling.as_dict(),
             logprobs_mode=described["logprobs_mode"],
+            learner_temperature=config.learner_temperature,
             other={"seed_derivation": SEED_DERIVATION},
         ),
         dataset=PoolDataset.from_dict(dataset_meta),
@@ -485,9 +487,11 @@ def _footer(
 
 
 def recorded_settings(config: GenerateConfig) -> dict:
-    """The settings of the pool's ``config`` record: every one but the sampling settings (recorded apart),
-    where the pool is written and where it was generated (the launcher's: the same pool wherever it ran),
-    flat as the flags name them."""
-    left_out = {field.name for field in dataclasses.fields(config.sampling)} | {"out", "overwrite"}
+    """The settings of the pool's ``config`` record: every one but the sampling settings and the learner's
+    temperature (recorded apart, in ``sampling``), the policy version (in ``model``), where the pool is
+    written and where it was generated (the launcher's: the same pool wherever it ran), flat as the flags
+    name them."""
+    left_out = {field.name for field in dataclasses.fields(config.sampling)}
+    left_out |= {"learner_temperature", "policy_version", "out", "overwrite"}
     left_out |= set(leaves(LaunchConfig))
     return {name: value for name, value in leaf_values(config).items() if name not in left_out}

@@ -20,8 +20,8 @@ from ggpo_offline.pool.partial import stored_settings
 from ggpo_offline.pool.source import open_pool
 
 ROUND_SETTINGS_LEFT_OUT = (
-    "model", "num_prompts", "first_prompt", "keep_groups", "mixed_only", "out", "overwrite", "shard_index",
-    "num_shards",
+    "model", "policy_version", "num_prompts", "first_prompt", "keep_groups", "mixed_only", "out", "overwrite",
+    "shard_index", "num_shards",
 )  # fmt: skip
 """The settings a round chooses itself; every other one is the pool's."""
 WINDOW_MARGIN = 2
@@ -45,17 +45,25 @@ class PromptSource:
         return self.settings.get("dataset", GenerateConfig.dataset)
 
     def round_config(
-        self, model: Path, first_prompt: int, groups: int, out: Path, mixed_rate: float | None = None
+        self,
+        model: Path,
+        first_prompt: int,
+        groups: int,
+        out: Path,
+        mixed_rate: float | None = None,
+        version: int | None = None,
     ) -> GenerateConfig:
-        """The pool of one round: ``model`` samples from ``first_prompt`` on until ``groups`` mixed-reward
-        groups are kept, from a window of prompts twice what they need at ``mixed_rate`` (the previous
-        round's; default the pool's) — `sample_round` widens it when the policy's rate fell further."""
+        """The pool of one round: ``model`` (the policy after ``version`` updates) samples from
+        ``first_prompt`` on until ``groups`` mixed-reward groups are kept, from a window of prompts twice
+        what they need at ``mixed_rate`` (the previous round's; default the pool's) — `sample_round` widens
+        it when the policy's rate fell further."""
         window = self.window(groups, mixed_rate)
         return config_from(
             GenerateConfig,
             {
                 **self.settings,
                 "model": str(model),
+                "policy_version": version,
                 "first_prompt": first_prompt,
                 "num_prompts": first_prompt + window,
                 "keep_groups": groups,
@@ -110,6 +118,7 @@ def prompt_source(pool: Path, info: PoolInfo, dataset: str | None) -> PromptSour
     sampling settings; refused when the pool records no dataset to sample again (an import)."""
     recorded = info.config or {}
     sampling = {f.name: getattr(info.sampling, f.name) for f in dataclasses.fields(SamplingSettings)}
+    sampling["learner_temperature"] = info.sampling.learner_temperature  # a round keeps the pool's mismatch
     settings = {
         **{k: v for k, v in recorded.items() if k in leaves(GenerateConfig)},
         **{k: v for k, v in sampling.items() if v is not None},

@@ -95,6 +95,12 @@ class PoolModel(_Section):
     name: str | None = None
     """``embedded:tiny`` for the shipped tiny model, else the --model given to generate-pool or import."""
     weights_sha256: str | None = None
+    policy_version: int | None = None
+    """The training update whose weights these are (a run's round: the version that sampled it); absent
+    for an initial model."""
+    group_versions: dict | None = None
+    """Group id (a string) → the policy version that sampled it, for a pool of several samplers' groups (a
+    --lag mixed round, `assemble_pool`); absent: every group is ``policy_version``'s."""
 
     @property
     def location(self) -> str | None:
@@ -137,6 +143,9 @@ class PoolSampling(_Section):
     logprobs_mode: str | None = None
     """What the behavior log-probs are of (e.g. ``processed_logprobs``; ``rescored`` for an import that
     re-scored them)."""
+    learner_temperature: float | None = None
+    """The temperature the learner's log-probs use when it is not ``temperature`` (generate-pool's
+    --learner-temperature: a sampler the learner does not compute); absent: ``temperature``."""
 
 
 @dataclass(frozen=True, kw_only=True)

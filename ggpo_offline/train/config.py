@@ -104,6 +104,19 @@ class TrainConfig:
         "N: every N updates the current policy samples the next round of N x G mixed groups with the pool's "
         "prompts and settings (Algorithm 1); absent: the pool is replayed offline (N = U).",
     )
+    off_policy_steps: int = setting(
+        0,
+        "K: asynchronous training, each --sync-every round sampled by the policy K updates before the "
+        "round starts (prime-rl's max_async_level, AReaL's max_head_offpolicyness: a rollout consumed at "
+        "step t was sampled by version t − K); the pool serves every update whose sampler would be π0. 0: "
+        "synchronous.",
+    )
+    lag: Literal["fixed", "mixed"] = setting(
+        "fixed",
+        "How --off-policy-steps K lags the samples: fixed, every group of a round K updates behind its "
+        "start; mixed, each minibatch G/K groups of each age 1..K, as an asynchronous sampler bounded by K "
+        "delivers them (needs --sync-every 1 and G divisible by K).",
+    )
     sync_dataset: str | None = setting(
         None,
         "The prompts of the --sync-every rounds, as generate-pool's --dataset gives them [default: the "
@@ -254,9 +267,31 @@ def _checks(config: TrainConfig) -> list[tuple[bool, str]]:
         ),
         (
             config.sync_every is not None
-            or (config.sync_dataset, config.behavior_logprobs) == (None, "engine"),
-            "--sync-dataset and --behavior-logprobs set how --sync-every samples its rounds: give "
-            "--sync-every",
+            or (config.sync_dataset, config.behavior_logprobs, config.off_policy_steps)
+            == (None, "engine", 0),
+            "--sync-dataset, --behavior-logprobs and --off-policy-steps set how --sync-every samples its "
+            "rounds: give --sync-every",
+        ),
+        (
+            0 <= config.off_policy_steps < config.updates,
+            f"--off-policy-steps must be in 0..{config.updates - 1} (--updates - 1), got "
+            f"{config.off_policy_steps}",
+        ),
+        (
+            config.lag == "fixed"
+            or (
+                config.sync_every == 1
+                and config.off_policy_steps >= 1
+                and config.behavior_logprobs == "engine"
+            ),
+            "--lag mixed mixes the ages of each minibatch: give it with --sync-every 1 and "
+            "--off-policy-steps K >= 1 (its rounds have one sampler per age, so --behavior-logprobs stays "
+            "engine)",
+        ),
+        (
+            config.lag == "fixed" or config.groups_per_batch % max(config.off_policy_steps, 1) == 0,
+            f"--lag mixed splits each minibatch into --off-policy-steps {config.off_policy_steps} equal "
+            f"shares: --groups-per-batch {config.groups_per_batch} is not divisible by it",
         ),
         (config.log_every >= 1, f"--log-every must be >= 1, got {config.log_every}"),
         (config.ess_block >= 1, f"--ess-block must be >= 1, got {config.ess_block}"),

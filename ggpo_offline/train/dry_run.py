@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.pool_index import CheckedPool
+from ggpo_offline.train.rounds import RoundSchedule
 from ggpo_offline.train.run_folder import RunFolder, continuing_action, folder_action
 from ggpo_offline.train.run_inputs import RunInputs, read_inputs
 from ggpo_offline.train.run_records import RunSettings
@@ -35,7 +36,7 @@ class RunPlan:
     @property
     def groups_needed(self) -> int:
         """Of the pool: all the run's groups, or its first round's with --sync-every."""
-        return (self.config.sync_every or self.config.updates) * self.config.groups_per_batch
+        return RoundSchedule.of(self.config).round_updates(0) * self.config.groups_per_batch
 
     @property
     def mixed_groups(self) -> int:
@@ -142,7 +143,7 @@ def plan_lines(plan: RunPlan) -> list[str]:
     lines = [
         f"pool: {pool.path}: {pool.index.total_groups} groups x {pool.index.group_size}, {plan.mixed_groups}"
         f" with mixed rewards",
-        f"data: {config.sync_every or config.updates} updates x {config.groups_per_batch} groups = "
+        f"data: {RoundSchedule.of(config).round_updates(0)} updates x {config.groups_per_batch} groups = "
         f"{plan.groups_needed} mixed groups per seed, of {plan.mixed_groups} "
         f"({plan.mixed_groups - plan.groups_needed} to spare)",
     ]
@@ -177,8 +178,8 @@ def _round_lines(plan: RunPlan) -> list[str]:
         return [f"rounds: {len(inputs.recorded)} recorded rounds replayed in order ({pools})"]
     if config.sync_every is None:
         return []
-    source, n = inputs.prompt_source, config.sync_every
-    rounds = -(-config.updates // n)
+    source, n, schedule = inputs.prompt_source, config.sync_every, RoundSchedule.of(config)
+    rounds = len(schedule.starts)
     if source is None:
         return [f"rounds: 1 (--sync-every {n} covers all {config.updates} updates: the offline run)"]
     groups = n * config.groups_per_batch
@@ -187,9 +188,16 @@ def _round_lines(plan: RunPlan) -> list[str]:
     pace = "at an unknown pace (the pool records no generation time)"
     if seconds and counts.prompts:
         pace = f"~{_duration((rounds - 1) * sampled * seconds / counts.prompts)} in all at the pool's pace"
+    samplers = ", ".join(str(schedule.version(index)) for index in range(1, min(rounds, 3)))
+    lag = ""
+    if k := config.off_policy_steps:
+        lag = (
+            f", {k} update{'s' if k > 1 else ''} before each round starts (asynchronous; round 0 serves "
+            f"updates 0..{schedule.starts[1] - 1})"
+        )
     return [
         f"rounds: {rounds} of {n} update{'s' if n > 1 else ''}; round 0 is the pool, rounds 1..{rounds - 1} "
-        f"are sampled by the checkpoints of updates {n}, {2 * n}, ...",
+        f"are sampled by the checkpoints of updates {samplers}{', ...' if rounds > 3 else ''}{lag}",
         f"sampling: {groups} mixed groups a round from {source.dataset} (prompt {source.next_prompt} on), "
         f"about {needed} prompts each at the pool's mixed rate {source.mixed_rate:.0%}, {sampled} sampled "
         f"(the engine's batches and its window), {pace}; {config.behavior_logprobs} behavior log-probs",

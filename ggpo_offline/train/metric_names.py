@@ -37,6 +37,21 @@ GENERATED_METRICS = tuple(f"{GENERATED_PREFIX}{name}" for name in generated.DIAG
 """What each evaluation's samples looked like (`ggpo_offline.evaluate.generated`), logged with its scores."""
 CHECKPOINT_METRICS = PROBE_METRICS + GENERATED_METRICS
 
+AGE, AGE_MIN, AGE_MAX = "policy/age", "policy/age_min", "policy/age_max"
+"""Every update: the mean, least and greatest age of its minibatch's groups, a group's age the updates
+trained since the policy that sampled it (prime-rl's lag: the step that consumes a rollout − the version
+that sampled it): the update itself offline (π0 sampled the pool), 0 .. N − 1 within a synchronous round of
+--sync-every N, K .. K + N − 1 with --off-policy-steps K, 1 .. K in every minibatch with --lag mixed (the
+versions its round's pool records, so that a replay of the rounds logs the same)."""
+AGE_METRICS = (AGE, AGE_MIN, AGE_MAX)
+
+
+def k3_at_age(age: int) -> str:
+    """`mismatch/k3` over the tokens of the minibatch's groups of one age: logged where a minibatch mixes
+    ages (--lag mixed), the mismatch by age."""
+    return f"{MISMATCH_K3}@age{age}"
+
+
 # What a --sync-every run logs at each round's first update: the round's pool under the policy that sampled
 # it, before any update on it (Figure 7's diagnostics; λ_t = log π_θ(a_t) − log μ(a_t) with π_θ the
 # sampling checkpoint, so λ is the training-inference mismatch alone). The per-update mismatch/* metrics
@@ -58,3 +73,14 @@ ROUND_METRICS = (
     ROUND_LENGTH,
 )
 """Every measure of a round, in its logged order (after ROUND_INDEX)."""
+
+# What every run logs at its first update: its pool's sampler against the learner before any update, over the
+# pool's every mixed group (`ggpo_offline.train.sampler_mismatch`): the mismatch a dose made (a bf16 engine, a
+# temperature the learner does not apply, a truncated sampler), in the field's measures.
+SAMPLER_FIELDS = (
+    "abs_log_ratio", "k3", "probs_diff", "mult_prob_error", "ess", "ratio_p05", "ratio_p50", "ratio_p95",
+    "outside",
+)  # fmt: skip
+"""`SamplerMismatch`'s measures in its field order: mean |λ_t|, K3, mean |π − μ|, mean exp|λ_t|, sequence
+ESS, token-ratio quantiles, the share of token ratios outside [0.5, 2]."""
+SAMPLER_METRICS = tuple(f"sampler/{name}" for name in SAMPLER_FIELDS)

@@ -3,7 +3,7 @@
 GRPO and GRPO+TIS keep the initial model as their reference, and GGPO/AGRO use it until their first
 refresh, so a comparison needs π0's log-probs of the same responses in every run. ``score_pool`` computes
 them once with the learner's numerics and stores them beside the pool, keyed by the pool fingerprint, the
-model's weight hash, the numerics and the pool's sampling temperature; ``Pi0Cache`` serves them per
+model's weight hash, the numerics and the pool's learner temperature; ``Pi0Cache`` serves them per
 minibatch and refuses a mismatch.
 """
 
@@ -24,7 +24,7 @@ from ggpo_offline.pool.schema import PARQUET_OPTIONS, open_parquet
 from ggpo_offline.train.distributed import cast_parameters, compute_dtype, device_of
 from ggpo_offline.train.logprobs import response_logprobs
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
-from ggpo_offline.train.pool_index import CheckedPool, check_pool, pool_temperature
+from ggpo_offline.train.pool_index import CheckedPool, check_pool, learner_temperature
 
 CACHE_KEY = b"ggpo_offline_pi0"
 CACHE_SCHEMA = pa.schema(
@@ -92,7 +92,7 @@ def score_pool(
     packed: bool = True,
 ) -> "Pi0Cache":
     """Write (or find) the π0 cache of ``pool`` for ``model_dir`` and open it; ``temperature``: the pool's
-    (`pool_temperature`), as the learner's log-probs use it; ``sharded``: for a learner that FSDP2 shards
+    (`learner_temperature`), as the learner's log-probs use it; ``sharded``: for a learner that FSDP2 shards
     (on CUDA its weights compute in bf16, and so do π0's here); ``packed``: scored with packed forwards, as
     a learner without --no-packing runs. An existing cache is reused only when its key (`cache_key`)
     matches; a stale one is replaced. Written through a temporary file renamed into place."""
@@ -144,13 +144,13 @@ def score_pool(
 
 def ensure_pi0_cache(
     pool: Path, model: str | None = None, on_progress: Callable[[int, int], None] | None = None
-) -> "Pi0Cache":
+) -> tuple[CheckedPool, "Pi0Cache"]:
     """``ggpo pool score``: check the pool, resolve its initial model (``model`` or the pool's own) and
-    score it on the learner's device unless a matching cache exists."""
+    score it on the learner's device unless a matching cache exists; the pool as checked, and its cache."""
     checked = check_pool(pool)
     model_dir = initial_model_dir(model, checked.info.model.location)
-    temperature = pool_temperature(checked.path, checked.info.sampling)
-    return score_pool(checked, model_dir, device_of(), temperature, on_progress)
+    temperature = learner_temperature(checked.path, checked.info.sampling)
+    return checked, score_pool(checked, model_dir, device_of(), temperature, on_progress)
 
 
 class Pi0Cache:

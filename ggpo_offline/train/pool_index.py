@@ -125,16 +125,20 @@ def _setting(pool: Path, sampling: PoolSampling, key: str, default: float) -> fl
     return value
 
 
-def pool_temperature(pool: Path, sampling: PoolSampling) -> float:
-    """The sampling temperature of the pool's behavior log-probs (1.0 when the metadata has none).
+def learner_temperature(pool: Path, sampling: PoolSampling) -> float:
+    """The temperature every log-prob of a run on the pool uses: the sampling temperature of its behavior
+    log-probs (1.0 when the metadata has none), or the --learner-temperature it was generated with.
 
     Engines store log-probs of the processed distribution, softmax(logits / T), so every log-prob the
     trainer compares with them (learner, reference, old policy, π0) divides its logits by the same T, as
-    the major RL libraries do.
+    the major RL libraries do; a pool generated with another learner temperature makes the learner compute
+    a distribution other than the sampler's on purpose (a mismatch dose).
     """
-    temperature = _setting(pool, sampling, "temperature", 1.0)
+    learner = sampling.learner_temperature
+    key = "temperature" if learner is None else "learner_temperature"
+    temperature = _setting(pool, sampling, key, 1.0)
     if not temperature > 0:
-        raise UserError(f"{pool}: metadata sampling.temperature is {temperature!r}, expected > 0")
+        raise UserError(f"{pool}: metadata sampling.{key} is {temperature!r}, expected > 0")
     return float(temperature)
 
 
@@ -151,4 +155,4 @@ def check_sampling(pool: Path, sampling: PoolSampling, allow_truncated: bool) ->
             "distribution, which the learner's full-vocabulary log-probs cannot match (ratios, TIS weights "
             "and mismatch would be biased); pass --allow-truncated-sampling to train anyway"
         )
-    return pool_temperature(pool, sampling)
+    return learner_temperature(pool, sampling)

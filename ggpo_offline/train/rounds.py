@@ -27,6 +27,79 @@ MANIFEST = "rounds.json"
 
 
 @dataclass(frozen=True)
+class RoundSchedule:
+    """Where a --sync-every run's rounds start and which policy versions sample each (Algorithm 1; with
+    --off-policy-steps K, asynchronous training).
+
+    Fixed lag: round j ≥ 1 starts at a multiple of N and is sampled by the checkpoint of K updates before
+    that; round 0, the given pool (π0's samples), covers every update before the first round whose sampler
+    has trained. K = 0 gives Algorithm 1's synchronous rounds. Mixed lag (N = 1): each version v ≥ 1
+    samples the G/K-group shares of the K updates after it, so that update t holds one share of each
+    version t − 1 .. t − K (`shares`), the given pool standing in for versions ≤ 0; its rounds start where
+    a fixed lag of 1 starts them, each named by its newest version."""
+
+    updates: int
+    sync_every: int
+    off_policy_steps: int = 0
+    mixed: bool = False
+
+    @classmethod
+    def of(cls, config: TrainConfig) -> "RoundSchedule":
+        n, k = config.sync_every or config.updates, config.off_policy_steps
+        return cls(config.updates, n, k, config.lag == "mixed")
+
+    @property
+    def lead(self) -> int:
+        """Updates between a round's start and its newest sampler."""
+        return min(self.off_policy_steps, 1) if self.mixed else self.off_policy_steps
+
+    @property
+    def starts(self) -> list[int]:
+        """The first update of every round, round 0's (0) first."""
+        n, k = self.sync_every, self.lead
+        first_sampled = n * (k // n + 1)  # the first multiple of N whose sampler, K before it, has trained
+        return [0, *range(first_sampled, self.updates, n)]
+
+    def round_updates(self, index: int) -> int:
+        """How many updates round ``index`` serves."""
+        starts = [*self.starts, self.updates]
+        return starts[index + 1] - starts[index]
+
+    def version(self, index: int) -> int:
+        """The policy version (updates trained) that samples round ``index`` (mixed: its newest); 0 for the
+        pool."""
+        return 0 if index == 0 else self.starts[index] - self.lead
+
+    def shares(self, update: int) -> list[tuple[int, int]]:
+        """Mixed lag: ``update``'s G/K-group shares, newest first, as (version, share of that version's
+        sample); a version ≤ 0 is the given pool, whose shares are numbered in the order updates take them."""
+        k = self.off_policy_steps
+        pool_share = sum(max(k - t + 1, 0) for t in range(self.starts[1], update))
+        shares = []
+        for age in range(1, k + 1):
+            version = update - age
+            shares.append((version, age - 1) if version >= 1 else (0, pool_share))
+            pool_share += version < 1
+        return shares
+
+    def sampled_shares(self, version: int) -> int:
+        """Mixed lag: the G/K-group shares version ``version`` samples (those of the K updates after it)."""
+        return max(min(self.off_policy_steps, self.updates - 1 - version), 0)
+
+    def sampled_groups(self, index: int, groups_per_batch: int) -> int:
+        """The mixed groups round ``index``'s sampler keeps: its updates' G each, or with a mixed lag the
+        G/K shares of its version."""
+        if self.mixed:
+            return self.sampled_shares(self.version(index)) * groups_per_batch // self.off_policy_steps
+        return self.round_updates(index) * groups_per_batch
+
+    @property
+    def pool_shares(self) -> int:
+        """Mixed lag: the given pool's shares after round 0's updates."""
+        return sum(version < 1 for t in self.starts[1:] for version, _ in self.shares(t))
+
+
+@dataclass(frozen=True)
 class RoundRecord:
     """What rounds.json keeps of one round: enough to replay it without sampling."""
 
@@ -130,12 +203,12 @@ def sampled_record(
 ) -> RoundRecord:
     """Round ``index`` (≥ 1), sampled by the checkpoint ``sampled_by`` into ``pool``: its minibatches are
     a seeded permutation of its N·G groups, as an offline run plans a pool."""
-    start = index * config.sync_every
-    updates = min(config.sync_every, config.updates - start)
+    schedule = RoundSchedule.of(config)
+    updates = schedule.round_updates(index)
     plan = plan_minibatches(pool.index, config.seed, updates, config.groups_per_batch)
     return RoundRecord(
         index=index,
-        start=start,
+        start=schedule.starts[index],
         pool=Path(pool.path).name,
         pool_fingerprint=pool.fingerprint,
         plan=plan.tolist(),

@@ -23,6 +23,7 @@ from ggpo_offline.train.pool_index import (
     data_order_fingerprint,
     plan_minibatches,
 )
+from ggpo_offline.train.rounds import RoundSchedule
 
 if TYPE_CHECKING:
     from ggpo_offline.generate.resample import PromptSource
@@ -63,7 +64,7 @@ class RunInputs:
     model_dir: Path
     tokenizer: object
     temperature: float
-    """The pool's sampling temperature, which every log-prob of the run uses."""
+    """The pool's learner temperature (`learner_temperature`), which every log-prob of the run uses."""
     plan: np.ndarray
     """The planned minibatches of the pool (of its first round only, with --sync-every)."""
     fingerprints: Fingerprints
@@ -98,8 +99,8 @@ class RunInputs:
 
 def plan_data(config: TrainConfig, index: PoolIndex, pool_print: str) -> DataPlan:
     """The run's minibatches (`plan_minibatches`) on the pool indexed by ``index``, whose
-    `pool_fingerprint` is ``pool_print``: with --sync-every, its first round's."""
-    updates = config.updates if config.sync_every is None else config.sync_every
+    `pool_fingerprint` is ``pool_print``: with --sync-every, its first round's (`RoundSchedule`)."""
+    updates = RoundSchedule.of(config).round_updates(0)
     plan = plan_minibatches(index, config.seed, updates, config.groups_per_batch)
     return DataPlan(plan, Fingerprints(pool_print, data_order_fingerprint(plan)))
 
@@ -116,7 +117,7 @@ def read_inputs(
     config: TrainConfig, ranks: "Ranks | None" = None, pool: CheckedPool | None = None
 ) -> RunInputs:
     """The pool (`check_pool`, unless the caller gives ``pool`` as it checked it), its initial model and
-    tokenizer (checked against it), its sampling temperature (`check_sampling`), the data plan and the
+    tokenizer (checked against it), its learner temperature (`check_sampling`), the data plan and the
     fingerprints that identify pool and plan; ``ranks``: the processes of a torchrun job (None: this
     process alone)."""
     from ggpo_offline.train.distributed import SINGLE_PROCESS, check_split
@@ -148,12 +149,21 @@ def _model_and_sampling(config: TrainConfig, pool: CheckedPool) -> tuple[Path, o
 def rounds_source(config: TrainConfig, pool: CheckedPool) -> "PromptSource | None":
     """Where a --sync-every run samples its rounds after the first, checked to hold the prompts they need
     (None: it samples none)."""
-    if config.sync_every is None or config.sync_every >= config.updates:
+    schedule, G = RoundSchedule.of(config), config.groups_per_batch
+    if schedule.round_updates(0) == config.updates:
         return None
+    if schedule.mixed:
+        needed = schedule.round_updates(0) * G + schedule.pool_shares * G // config.off_policy_steps
+        if len(pool.index.mixed_group_ids) < needed:
+            raise UserError(
+                f"--lag mixed takes {needed} mixed-reward groups of the pool (round 0's updates and the "
+                f"shares of the versions before the first sample) but it has "
+                f"{len(pool.index.mixed_group_ids)}; generate a larger pool or lower --groups-per-batch"
+            )
     from ggpo_offline.generate.resample import prompt_source
 
     source = prompt_source(pool.path, pool.info, config.sync_dataset)
-    source.check_prompts_left((config.updates - config.sync_every) * config.groups_per_batch)
+    source.check_prompts_left(sum(schedule.sampled_groups(i, G) for i in range(1, len(schedule.starts))))
     return source
 
 

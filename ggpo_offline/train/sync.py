@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.pool.assemble import Share, assemble_pool
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train import diagnostics as diag
 from ggpo_offline.train.config import Timeouts, TrainConfig
@@ -20,11 +21,12 @@ from ggpo_offline.train.metric_names import (
     ROUND_LENGTH,
     ROUND_RATIO_QUANTILES,
 )
-from ggpo_offline.train.pool_index import check_pool
+from ggpo_offline.train.pool_index import check_pool, index_pool, plan_minibatches
 from ggpo_offline.train.profile import RunProfile
 from ggpo_offline.train.rounds import (
     Round,
     RoundRecord,
+    RoundSchedule,
     first_record,
     read_records,
     round_pool_path,
@@ -63,11 +65,10 @@ class RunRounds:
             self.records = [first_record(inputs.pool, inputs.plan, inputs.prompt_source)]
             if ranks.main:
                 write_records(self.dir, config, self.records)
-        self.starts = (
-            [r.start for r in self.records]
-            if self.replay
-            else list(range(0, config.updates, config.sync_every))
-        )
+        self.schedule = RoundSchedule.of(config)
+        self.starts = [r.start for r in self.records] if self.replay else self.schedule.starts
+        sampled = range(1, 1 if self.replay else len(self.starts))  # a replay samples none
+        self.samplers = {self.schedule.version(index) for index in sampled}
         self._sampler = None
 
     # -- the schedule -------------------------------------------------------------------------------
@@ -79,7 +80,7 @@ class RunRounds:
         refresh froze (its log-probs of the later rounds' responses are scored from it)."""
         t_ref = self.config.ref_refresh
         refresh = t_ref is not None and "ref_logp" in self.config.learner.needs and done % t_ref == 0
-        return done < self.config.updates and (done in self.starts or (refresh and done < self.starts[-1]))
+        return done < self.config.updates and (done in self.samplers or (refresh and done < self.starts[-1]))
 
     def fingerprints(self) -> Fingerprints:
         """The pools and data order of every round trained: what a replay of them reports too."""
@@ -91,6 +92,7 @@ class RunRounds:
         is not recorded yet); at its first update, the round's metrics (`round_metrics`)."""
         index = max(i for i, start in enumerate(self.starts) if start <= update)
         round_ = self._round(index)
+        self.entered, self.versions = round_, group_versions(round_)
         behavior = self._behavior(round_)
         minibatches.enter(round_.pool, round_.plan, round_.start, behavior)
         if index > 0 and trainer.needs_ref:
@@ -103,48 +105,86 @@ class RunRounds:
         with self.profile.phase("round_diagnostics", update):
             return {ROUND_INDEX: float(index), **round_metrics(trainer, minibatches)}
 
+    def ages(self, update: int) -> dict[int, int]:
+        """Group id → its age at ``update`` (updates trained since its sampler), for the groups of
+        ``update``'s minibatch in the round entered."""
+        row = self.entered.plan[update - self.entered.start].tolist()
+        return {group: update - self.versions[group] for group in row}
+
+    def mixes_ages(self) -> bool:
+        """Whether the round entered holds groups of several samplers (--lag mixed)."""
+        return len(set(self.versions.values())) > 1
+
     def _round(self, index: int) -> Round:
         if index < len(self.records):
             record = self.records[index]
             return Round(record, check_pool(round_pool_path(self.dir, record)))
         if self.replay or index != len(self.records):
             raise UserError(f"{self.dir}: round {index} is not recorded")  # a rounds.json edited by hand
-        previous, start = self.records[-1], index * self.config.sync_every
-        sampler = self.folder.checkpoint(start)
-        path = self.dir / f"round-{index:04d}.parquet"
-        if self.ranks.main and not path.is_file():  # a round written before a kill is complete: it is kept
-            doing(f"sampling round {index} with the checkpoint of update {start}")
-            with self.profile.phase("round_engine", start) as parts:
-                sampled = self._sample(index, previous.next_prompt, sampler, path)
-                parts.update({f"round_{name}": seconds for name, seconds in sampled.seconds.items()})
+        previous, start, version = self.records[-1], self.starts[index], self.schedule.version(index)
+        sampler = self.folder.checkpoint(version)
+        path, sample = self.dir / f"round-{index:04d}.parquet", self._sample_path(index)
+        # A pool written before a kill is complete (each is renamed into place): it is kept.
+        if self.ranks.main and not path.is_file():
+            if not sample.is_file():
+                doing(f"sampling round {index} with the checkpoint of update {version}")
+                with self.profile.phase("round_engine", start) as parts:
+                    sampled = self._sample(index, previous.next_prompt, sampler, sample)
+                    parts.update({f"round_{name}": seconds for name, seconds in sampled.seconds.items()})
+            if self.schedule.mixed:
+                with self.profile.phase("round_assemble", start):
+                    self._assemble(start, path)
         wait_for_main(self.ranks)
         with self.profile.phase("round_index", start):
             pool = check_pool(path)
-        next_prompt = int(pool.index.mixed_group_ids.max()) + 1  # a round ends at its last kept group
+        sampled_ids = (index_pool(sample) if self.schedule.mixed else pool.index).mixed_group_ids
+        next_prompt = int(sampled_ids.max()) + 1  # a sample ends at its last kept group
         record = sampled_record(self.config, index, pool, sampler, next_prompt)
         self.records.append(record)
         if self.ranks.main:
             write_records(self.dir, self.config, self.records)
         return Round(record, pool)
 
+    def _sample_path(self, index: int) -> Path:
+        """Where round ``index``'s sampler writes: the round's pool, or with --lag mixed the pool of its
+        newest version, whose shares the round and the next K − 1 assemble."""
+        if self.schedule.mixed:
+            return self.dir / f"sampled-{self.schedule.version(index):04d}.parquet"
+        return self.dir / f"round-{index:04d}.parquet"
+
     def _sample(self, index: int, first_prompt: int, sampler: Path, path: Path) -> "SampledRound":
         from ggpo_offline.generate.resample import round_sampler
 
-        start = index * self.config.sync_every
-        updates = min(self.config.sync_every, self.config.updates - start)
-        groups = updates * self.config.groups_per_batch
+        groups = self.schedule.sampled_groups(index, self.config.groups_per_batch)
         config = self.inputs.prompt_source.round_config(
-            sampler, first_prompt, groups, path, self._mixed_rate()
+            sampler, first_prompt, groups, path, self._mixed_rate(), self.schedule.version(index)
         )
         if self._sampler is None:
             self._sampler = round_sampler(config.engine, self.timeouts.solo)
         return self._sampler.sample(config)
 
+    def _assemble(self, update: int, out: Path) -> None:
+        """--lag mixed: ``update``'s round from one G/K share of each version 1..K updates before it
+        (`RoundSchedule.shares`; the given pool for versions ≤ 0), each share a seeded part of its sample."""
+        seed, share = self.config.seed, self.config.groups_per_batch // self.config.off_policy_steps
+        round_0 = self.schedule.round_updates(0) * self.config.groups_per_batch
+        pool_plan = plan_minibatches(self.inputs.index, seed, 1, round_0 + self.schedule.pool_shares * share)
+        shares = []
+        for version, part in self.schedule.shares(update):
+            if version == 0:  # the pool's groups after round 0's, in its plan's order
+                groups = pool_plan[0, round_0 + part * share :][:share]
+                shares.append(Share(self.inputs.pool.path, groups.tolist(), 0))
+                continue
+            sample = self.dir / f"sampled-{version:04d}.parquet"
+            plan = plan_minibatches(index_pool(sample), seed, self.schedule.sampled_shares(version), share)
+            shares.append(Share(sample, plan[part].tolist(), version))
+        assemble_pool(shares, read_pool_info(self.dir / f"sampled-{update - 1:04d}.parquet"), out)
+
     def _mixed_rate(self) -> float | None:
-        """The last sampled round's mixed groups per prompt sampled (None before any: the pool's)."""
+        """The last sample's mixed groups per prompt sampled (None before any: the pool's)."""
         if len(self.records) < 2:
             return None
-        counts = read_pool_info(round_pool_path(self.dir, self.records[-1])).counts
+        counts = read_pool_info(self._sample_path(len(self.records) - 1)).counts
         return counts.mixed_groups / counts.prompts
 
     def _reference(self, update: int) -> Path:
@@ -168,6 +208,17 @@ class RunRounds:
     def close(self) -> None:
         if self._sampler is not None:
             self._sampler.close()
+
+
+def group_versions(round_: Round) -> dict[int, int]:
+    """Group id → the policy version (updates trained) that sampled it: 0 in round 0, the run's given pool;
+    else as the round's pool records it (per group for --lag mixed, else the pool's version), or for a
+    round recorded before pools did, its start (such runs were synchronous)."""
+    model, groups = round_.pool.info.model, round_.pool.index.mixed_group_ids.tolist()
+    if round_.record.index > 0 and model.group_versions is not None:
+        return {int(group): version for group, version in model.group_versions.items()}
+    version = model.policy_version if model.policy_version is not None else round_.start
+    return dict.fromkeys(groups, 0 if round_.record.index == 0 else version)
 
 
 @torch.no_grad()

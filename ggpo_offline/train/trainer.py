@@ -42,10 +42,17 @@ from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
 from ggpo_offline.train.pi0_cache import Pi0Cache
 from ggpo_offline.train.probe import DriftProbe, drift_probe
 from ggpo_offline.train.profile import RunProfile
-from ggpo_offline.train.run_inputs import CheckedPool, Fingerprints, RunInputs, read_inputs, reference_pi0
+from ggpo_offline.train.run_inputs import (
+    CheckedPool,
+    Fingerprints,
+    RunInputs,
+    read_inputs,
+    reference_pi0,
+    score_pi0,
+)
 from ggpo_offline.train.run_tracking import FLUSH_EVERY, Run, failures_explained
 from ggpo_offline.train.sync import RunRounds
-from ggpo_offline.train.update_metrics import EssBlock, StepDiagnostics
+from ggpo_offline.train.update_metrics import EssBlock, StepDiagnostics, age_metrics
 
 
 @dataclass(frozen=True)
@@ -100,8 +107,8 @@ class Trainer:
         profile: RunProfile | None = None,
     ):
         """``weights``: the initial model or the checkpoint being resumed; ``pi0`` serves the initial model's
-        log-probs (needed by every method with a reference); ``temperature``: the pool's sampling
-        temperature, which every log-prob of the run uses (`pool_temperature`); ``profile`` times each
+        log-probs (needed by every method with a reference); ``temperature``: the pool's learner
+        temperature, which every log-prob of the run uses (`learner_temperature`); ``profile`` times each
         update's phases."""
         from transformers import AutoModelForCausalLM
 
@@ -229,15 +236,16 @@ class Trainer:
         with self.profile.phase("probe", self.update):
             return self.probe.measure(self.policy, self.forward_tokens)
 
-    def step(self, batch: Minibatch) -> dict[str, float]:
+    def step(self, batch: Minibatch, ages: dict[int, int] | None = None) -> dict[str, float]:
         """One optimizer update on (this rank's share of) one minibatch: log-probs → loss → backward per
         micro-batch, then the step; returns the minibatch's metrics, reduced over ranks and computed before
-        the step. The anchors this update reads must be fresh (`refresh_anchors`)."""
+        the step (``ages``: group id → age, for a minibatch of several ages: its K3 by age too). The anchors
+        this update reads must be fresh (`refresh_anchors`)."""
         micros = batch.split(self.config.micro_batch_size)
         token_count = all_sum(batch.mask.sum(), self.ranks).to(self.device)
         counts = self.learner.prepare(_OnDevice(self, micros, token_count))
         responses = batch.num_responses * self.ranks.world
-        diagnostics = StepDiagnostics(counts.token_count, responses, self.needs_ref, self.ranks)
+        diagnostics = StepDiagnostics(counts.token_count, responses, self.needs_ref, self.ranks, ages)
         self.optimizer.zero_grad(set_to_none=True)
         with self.profile.phase("forward_backward", self.update):
             for position, micro in enumerate(micros):
@@ -455,9 +463,12 @@ def _updates(
             entered = rounds.enter(update, trainer, minibatches)  # its pool sampled first, when new
         doing(f"training update {update}")
         trainer.refresh_anchors(minibatches)  # π_ref / π_old, when one is due now
-        metrics = trainer.step(minibatches[update])  # log-probs → loss → backward → step
+        sampler = _sampler_mismatch(trainer, inputs) if update == 0 else {}  # before the step moves π_θ
+        ages = {0: update} if rounds is None else rounds.ages(update)  # offline: π0 sampled the pool
+        mixed = rounds is not None and rounds.mixes_ages()
+        metrics = trainer.step(minibatches[update], ages if mixed else None)  # log-probs → loss → step
         metrics[FILTERED_FRAC] = inputs.filtered_frac
-        metrics.update(entered)
+        metrics.update(entered | sampler | age_metrics(list(ages.values())))
         done = update + 1
         run.record(update, evaluation, metrics, last=done == config.updates)
         if on_update is not None:
@@ -474,6 +485,19 @@ def _updates(
     doing("saving the final model")
     with profile.phase("final"):
         return trainer.save(run.folder.final, run.run_id, resumable=False)  # no resume state
+
+
+def _sampler_mismatch(trainer: Trainer, inputs: RunInputs) -> dict[str, float]:
+    """The pool's sampler against the learner before any update (metric_names ``sampler/``), from π0's
+    log-probs: the reference's cache, or the one every run on the pool shares, scored when missing."""
+    from ggpo_offline.train.sampler_mismatch import pool_mismatch
+
+    cache = trainer.reference
+    if not trainer.needs_ref:
+        with trainer.profile.phase("pi0", 0):
+            cache = score_pi0(trainer.config, inputs, trainer.ranks)
+    with trainer.profile.phase("sampler", 0):
+        return pool_mismatch(inputs.pool, cache).metrics() if trainer.ranks.main else {}
 
 
 def _checkpoint_due(config: TrainConfig, evaluations: CheckpointEvaluations, done: int) -> bool:

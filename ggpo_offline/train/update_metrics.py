@@ -7,6 +7,7 @@ from ggpo_offline.train import diagnostics as diag
 from ggpo_offline.train.distributed import Ranks, all_cat, all_max, all_sum
 from ggpo_offline.train.losses import Derived, GroupMean, GroupWeights, LossOutput, Max, Stat
 from ggpo_offline.train.metric_names import (
+    AGE_METRICS,
     GRAD_NORM,
     LOSS,
     MISMATCH_DRIFT,
@@ -20,6 +21,7 @@ from ggpo_offline.train.metric_names import (
     REWARD,
     SUCCESS_ESS,
     TRUNCATED_FRAC,
+    k3_at_age,
 )
 from ggpo_offline.train.minibatch import Minibatch
 
@@ -45,6 +47,11 @@ class EssBlock:
         return ess
 
 
+def age_metrics(ages: list[int]) -> dict[str, float]:
+    """`AGE_METRICS` of a minibatch whose groups have ``ages``."""
+    return dict(zip(AGE_METRICS, (sum(ages) / len(ages), min(ages), max(ages)), strict=True))
+
+
 class StepDiagnostics:
     """The diagnostics of one update on (this rank's share of) one minibatch (SPEC.md "Diagnostics").
 
@@ -54,10 +61,20 @@ class StepDiagnostics:
     reduced over all ranks' rows by `metrics`, each learner statistic as its kind declares (`LossOutput`).
     """
 
-    def __init__(self, token_count: Tensor, response_count: int, with_ref: bool, ranks: Ranks):
+    def __init__(
+        self,
+        token_count: Tensor,
+        response_count: int,
+        with_ref: bool,
+        ranks: Ranks,
+        ages: dict[int, int] | None = None,
+    ):
         """``token_count``: T_tok of the whole minibatch; ``response_count``: its responses on all ranks;
-        ``with_ref``: the learner has a reference (ref/log_ratio is logged)."""
+        ``with_ref``: the learner has a reference (ref/log_ratio is logged); ``ages``: group id → age, for a
+        minibatch of several ages, whose K3 is then logged by age too (`k3_at_age`)."""
         self.token_count, self.response_count, self.ranks = token_count, response_count, ranks
+        self.ages = ages
+        self.by_age = torch.zeros(len(set((ages or {}).values())), 2, dtype=torch.float64)  # K3, tokens
         self.sums = dict.fromkeys([k for k in SUMMED_METRICS if with_ref or k != REF_LOG_RATIO], 0.0)
         self.seq_log_weights: list[Tensor] = []
         self.rewards: list[Tensor] = []  # in micro-batch order, like the learner's per-response statistics
@@ -85,9 +102,19 @@ class StepDiagnostics:
             self.sums[REF_LOG_RATIO] += diag.ref_log_ratio(
                 logp, ref_logp, mask, response_count=self.response_count
             ).item()
+        if self.ages is not None:
+            self._add_by_age(micro, logp, behavior_logp, mask)
         self.seq_log_weights.append(diag.sequence_log_weights(logp, behavior_logp, mask))
         self.rewards.append(micro.rewards)
         self.stats.append(loss.stats)
+
+    def _add_by_age(self, micro: Minibatch, logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> None:
+        row_ages = torch.tensor([self.ages[g] for g in micro.group_ids for _ in range(micro.group_size)])
+        for slot, age in enumerate(sorted(set(self.ages.values()))):
+            rows = (row_ages == age).to(logp.device)
+            if rows.any():
+                k3 = diag.mismatch_k3(logp[rows], behavior_logp[rows], mask[rows], token_count=1.0)
+                self.by_age[slot] += torch.tensor([k3.item(), mask[rows].sum().item()], dtype=torch.float64)
 
     def reduce_sums(self) -> dict[str, float]:
         """The summed diagnostics (the loss first) over micro-batches and ranks, in one reduction."""
@@ -113,6 +140,10 @@ class StepDiagnostics:
         block = ess_block.add(seq_log_weights)
         if block is not None:
             metrics[MISMATCH_ESS_BLOCK] = block
+        if self.ages is not None:
+            k3, tokens = all_sum(self.by_age, self.ranks).unbind(dim=1)
+            for age, value in zip(sorted(set(self.ages.values())), (k3 / tokens).tolist(), strict=True):
+                metrics[k3_at_age(age)] = value
         return metrics
 
     def _everyone(self, value: Tensor) -> Tensor:
