@@ -8,7 +8,14 @@ import typer
 from ggpo_cli import render
 from ggpo_cli.config_flags import with_config_flags
 
-from ggpo_offline.compare.config import ArcConfig, CompareConfig, LadderConfig, RefreshConfig, TuneConfig
+from ggpo_offline.compare.config import (
+    ArcConfig,
+    CompareConfig,
+    LadderConfig,
+    RefreshConfig,
+    RegimesConfig,
+    TuneConfig,
+)
 from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.core.settings import config_from
 from ggpo_offline.evaluate.config import EvalConfig
@@ -223,6 +230,16 @@ def ladder_report(settings: dict) -> None:
     from ggpo_offline.compare.ladder import ladder_report as write
 
     out = write(config_from(LadderConfig, settings))
+    print(f"wrote {out}/README.md")
+
+
+@app.command("regimes-report")
+@with_config_flags(RegimesConfig)
+def regimes_report(settings: dict) -> None:
+    """The corrections under mismatch and lag (make regimes): each against none, one family a condition."""
+    from ggpo_offline.compare.regimes import regimes_report as write
+
+    out = write(config_from(RegimesConfig, settings))
     print(f"wrote {out}/README.md")
 
 

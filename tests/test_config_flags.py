@@ -13,7 +13,14 @@ from types import SimpleNamespace
 import pytest
 import typer
 
-from ggpo_offline.compare.config import ArcConfig, CompareConfig, LadderConfig, RefreshConfig, TuneConfig
+from ggpo_offline.compare.config import (
+    ArcConfig,
+    CompareConfig,
+    LadderConfig,
+    RefreshConfig,
+    RegimesConfig,
+    TuneConfig,
+)
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import (
     choices,
@@ -47,6 +54,7 @@ COMMANDS = {
     "compare": [(CompareConfig, ("settings",)), (TrainConfig, PER_RUN)],
     "arc-report": [(ArcConfig, ())],
     "ladder-report": [(LadderConfig, ())],
+    "regimes-report": [(RegimesConfig, ())],
     "tune-report": [(TuneConfig, ())],
     "report": [(RefreshConfig, ())],
     "build-tiny-model": [(TinyModelConfig, ())],

@@ -142,6 +142,18 @@ class LadderConfig:
 
 
 @dataclass(frozen=True)
+class RegimesConfig:
+    """What ``ggpo regimes-report`` reads and where it writes."""
+
+    conditions: tuple[str, ...] = setting(
+        help="Comma-separated NAME=FOLDER items: each condition's compare report folder (a mismatch dose, a "
+        "lag, both, the control), with the same methods' baseline, seeds and evaluation."
+    )
+    baseline: str = setting("grpo", "The method without a correction that every other is set against.")
+    out: Path = setting(Path("reports/regimes"), "Report folder.")
+
+
+@dataclass(frozen=True)
 class TuneConfig:
     """What ``ggpo tune-report`` reads and where it writes."""
 

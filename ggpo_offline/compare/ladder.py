@@ -87,7 +87,9 @@ def ladder_report(config: LadderConfig) -> Path:
     return out
 
 
-def _matrix(counts: Counts, method: str, split: str, checkpoint: int | str, seeds: list[int]) -> np.ndarray:
+def seed_matrix(
+    counts: Counts, method: str, split: str, checkpoint: int | str, seeds: list[int]
+) -> np.ndarray:
     """Correct counts [seeds, problems] of ``method`` on ``split`` for ``seeds`` (in that order)."""
     full = counts.matrix(method, split, counts.scopes(split)[-1], checkpoint)
     return full[[counts.seeds.index(seed) for seed in seeds]]
@@ -98,7 +100,8 @@ def _methods(*rungs: Rung) -> list[str]:
     return [m for m in rungs[0].counts.methods if all(m in r.counts.methods for r in rungs)]
 
 
-def _points(matrix: np.ndarray, n: int) -> float:
+def points(matrix: np.ndarray, n: int) -> float:
+    """Mean@n in points of a counts matrix."""
     return float(matrix.mean() * 100.0 / n)
 
 
@@ -111,14 +114,14 @@ def _against_offline(offline: Rung, rungs: list[Rung], seeds: list[int]) -> dict
         methods = _methods(rung, offline)
         pairs = [
             (
-                _matrix(rung.counts, m, "test", SELECTED, seeds),
-                _matrix(offline.counts, m, "test", SELECTED, seeds),
+                seed_matrix(rung.counts, m, "test", SELECTED, seeds),
+                seed_matrix(offline.counts, m, "test", SELECTED, seeds),
             )
             for m in methods
         ]
         judged = stats.judge([stats.difference(a, b, n) for a, b in pairs])
         found[rung.name] = {
-            m: {"rung": _points(a, n), "offline": _points(b, n), "difference": j.text()}
+            m: {"rung": points(a, n), "offline": points(b, n), "difference": j.text()}
             for m, (a, b), j in zip(methods, pairs, judged, strict=True)
         }
     return found
@@ -132,9 +135,9 @@ def _claim_above(rungs: list[Rung], seeds: list[int]) -> dict:
         if CLAIMED not in counts.methods:
             continue
         others = [m for m in counts.methods if m != CLAIMED]
-        claimed = _matrix(counts, CLAIMED, "test", SELECTED, seeds)
+        claimed = seed_matrix(counts, CLAIMED, "test", SELECTED, seeds)
         intervals = [
-            stats.difference(claimed, _matrix(counts, m, "test", SELECTED, seeds), n) for m in others
+            stats.difference(claimed, seed_matrix(counts, m, "test", SELECTED, seeds), n) for m in others
         ]
         found[rung.name] = {m: j.text() for m, j in zip(others, stats.judge(intervals), strict=True)}
     return found
@@ -151,8 +154,8 @@ def _steps(rungs: list[Rung], offline: Rung, seeds: list[int]) -> dict:
         methods = _methods(smaller, larger)
         intervals = [
             stats.difference(
-                _matrix(larger.counts, m, "test", SELECTED, seeds),
-                _matrix(smaller.counts, m, "test", SELECTED, seeds),
+                seed_matrix(larger.counts, m, "test", SELECTED, seeds),
+                seed_matrix(smaller.counts, m, "test", SELECTED, seeds),
                 n,
             )
             for m in methods
@@ -169,11 +172,11 @@ def _falls(rungs: list[Rung], seeds: list[int]) -> dict:
     for rung in rungs:
         counts, n = rung.counts, rung.counts.n["validation"]
         final = counts.final("validation")
-        peaks = [_matrix(counts, m, "validation", SELECTED, seeds) for m in counts.methods]
-        finals = [_matrix(counts, m, "validation", final, seeds) for m in counts.methods]
+        peaks = [seed_matrix(counts, m, "validation", SELECTED, seeds) for m in counts.methods]
+        finals = [seed_matrix(counts, m, "validation", final, seeds) for m in counts.methods]
         judged = stats.judge([stats.difference(p, f, n) for p, f in zip(peaks, finals, strict=True)])
         found[rung.name] = {
-            m: {"peak": _points(p, n), "final": _points(f, n), "fall": j.text()}
+            m: {"peak": points(p, n), "final": points(f, n), "fall": j.text()}
             for m, p, f, j in zip(counts.methods, peaks, finals, judged, strict=True)
         }
     return found
