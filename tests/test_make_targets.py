@@ -26,7 +26,16 @@ SHAPES = {
     # command generated (`ggpo generate-pool --num-prompts 1024`, 2026-12-05; the arc report does not
     # record it). Its 60 updates x 8 groups use 480 per seed, so even doubled (960) they fit.
     "pools/arc.parquet": (1024, 8, 998),
+    # make regimes' mismatch doses: the demo's prompts sampled at tau 1.2 and 1.4 for a learner at 1 (the
+    # footers of the pools its commands generated, 2026-12-07: 241 and 231 mixed groups).
+    "pools/demo-t1.2.parquet": (256, 8, 241),
+    "pools/demo-t1.4.parquet": (256, 8, 231),
 }
+SAMPLING = {
+    "pools/demo-t1.2.parquet": {"temperature": 1.2, "learner_temperature": 1.0},
+    "pools/demo-t1.4.parquet": {"temperature": 1.4, "learner_temperature": 1.0},
+}
+"""The pools whose sampling is not the default's."""
 RECORDER = """#!{python}
 import json, os, sys
 with open(os.environ["GGPO_CALLS"], "a") as calls:
@@ -34,9 +43,10 @@ with open(os.environ["GGPO_CALLS"], "a") as calls:
 """
 
 
-def shaped_pool(path: Path, groups: int, m: int, mixed: int) -> Path:
+def shaped_pool(path: Path, groups: int, m: int, mixed: int, sampling: dict | None = None) -> Path:
     """A valid pool of the embedded model's tokenizer with ``groups`` groups of ``m``, the first ``mixed``
-    of them with mixed rewards: what a plan reads from a pool (its footer, group ids and rewards)."""
+    of them with mixed rewards: what a plan reads from a pool (its footer, group ids and rewards);
+    ``sampling``: settings that are not the default's."""
     rows = synthetic_rows(groups, m)
     for row in rows:
         row["reward"] = float(row["group_id"] < mixed and row["sample_idx"] == 0)
@@ -44,7 +54,7 @@ def shaped_pool(path: Path, groups: int, m: int, mixed: int) -> Path:
         "schema_version": 1,
         "model": {"name": "embedded:tiny"},
         "tokenizer": {"sha256": tokenizer_sha256(load_tokenizer(tiny_model_dir()))},
-        "sampling": {"m": m, "temperature": 1.0, "top_p": 1.0, "top_k": 0},
+        "sampling": {"m": m, "temperature": 1.0, "top_p": 1.0, "top_k": 0, **(sampling or {})},
         # what make ladder's rounds sample from: the rest of the pool's dataset
         "config": {"dataset": "arith:train", "num_prompts": groups},
         "dataset": {"spec": "arith:train", "num_problems": groups},
@@ -92,7 +102,7 @@ def dry_run_every_plan(target: str, folder: Path) -> list[str]:
 def shaped(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("targets")
     for name, (groups, m, mixed) in SHAPES.items():
-        shaped_pool(folder / name, groups, m, mixed)
+        shaped_pool(folder / name, groups, m, mixed, SAMPLING.get(name))
     return folder
 
 
@@ -106,6 +116,7 @@ def shaped(tmp_path_factory) -> Path:
         ("tune-corrections", 6),
         ("arc", 3),
         ("ladder", 3),
+        ("regimes", 6),
     ],  # fmt: skip
 )
 def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares):
@@ -117,12 +128,17 @@ def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares
             line.split(";")[0] for plan in plans for line in plan.splitlines() if "rounds:" in line
         )
         assert rounds == ["rounds: 15 of 4 updates", "rounds: 20 of 1 update", "rounds: 5 of 4 updates"]
+    if target == "regimes":  # K = 1 and mixed K = 4 start sampling at update 2, K = 2 at update 3
+        rounds = sorted(
+            line.split(";")[0] for plan in plans for line in plan.splitlines() if "rounds:" in line
+        )
+        assert rounds == ["rounds: 18 of 1 update", *["rounds: 19 of 1 update"] * 2]
     written = sorted(str(p.relative_to(shaped)) for p in shaped.rglob("*") if p.parent.name != "bin")
     expected = [
         "bin",
         "calls.jsonl",
         "pools",
-        *(f"pools/{name}" for name in ("arc.parquet", "base.parquet", "demo.parquet")),
+        *sorted(SHAPES),
     ]
     # Nothing but make arc's own `mkdir -p` of its ablations folder: no report, run or MLflow store.
     assert [p for p in written if p not in expected] in (
@@ -131,11 +147,11 @@ def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares
     )
 
 
-@pytest.mark.parametrize("target", ["demo", "beyond", "corrections"])
-def test_a_two_core_target_runs_one_compare_two_runs_at_a_time(shaped, target):
-    """One compare whose runs two workers share, one a core (`--jobs 2`): no fixed half each."""
+@pytest.mark.parametrize("target, count", [("demo", 1), ("beyond", 1), ("corrections", 1), ("regimes", 6)])
+def test_a_two_core_target_runs_its_compares_two_runs_at_a_time(shaped, target, count):
+    """Compares whose runs two workers share, one a core (`--jobs 2`): no fixed half each."""
     compares = [call for call in make_calls(target, shaped) if call[0] == "compare"]
-    assert len(compares) == 1 and compares[0][compares[0].index("--jobs") + 1] == "2"
+    assert len(compares) == count and all(c[c.index("--jobs") + 1] == "2" for c in compares)
 
 
 def test_an_arc_plan_larger_than_its_pool_is_refused_before_anything_runs(shaped):

@@ -278,8 +278,8 @@ def test_dry_run_shows_the_rounds_and_what_sampling_them_costs(hf_pool, tmp_path
     )
     assert "sampling: 4 mixed groups a round from arith:train (prompt 16 on)" in result.stdout
     # 6 of the pool's 16 groups mixed: 4 groups need ceil(4 / 0.375) = 11 prompts; the engine samples the
-    # window, 2 x 11 + 8 = 30, all in one of its 256-prompt batches.
-    assert "about 11 prompts each at the pool's mixed rate 38%, 30 sampled" in result.stdout
+    # window, ceil(1.25 x 11) + 2 = 16, all in one of its 256-prompt batches.
+    assert "about 11 prompts each at the pool's mixed rate 38%, 16 sampled" in result.stdout
     assert not (tmp_path / "run").exists()
 
 
