@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import REPO
 from test_cli import GGPO, assert_one_error_line, ggpo_here
-from test_sync_rounds import SMALL, _killed_at, _metrics, _same_weights
+from test_sync_rounds import SMALL, _killed_at, _metrics, _same_weights, run_to_end
 
 from ggpo_offline.core.model_io import weights_sha256
 from ggpo_offline.pool.source import read_pool_info
@@ -57,9 +57,7 @@ ONE_RUN = pytest.mark.xdist_group("async-lag")
 @pytest.fixture(scope="module")
 def lagged(hf_pool, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("lag") / "whole"
-    done = subprocess.run(_command(hf_pool, out), cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return out
+    return run_to_end(_command(hf_pool, out), out)
 
 
 @ONE_RUN
@@ -109,9 +107,7 @@ def _mixed_command(pool: Path, out: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def mixed(hf_pool, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("mixed") / "whole"
-    done = subprocess.run(_mixed_command(hf_pool, out), cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return out
+    return run_to_end(_mixed_command(hf_pool, out), out)
 
 
 @ONE_RUN

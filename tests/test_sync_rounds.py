@@ -115,13 +115,18 @@ ONE_RUN = pytest.mark.xdist_group("sync-rounds")
 """The tests on `uninterrupted` share a pytest-xdist worker (make test's loadgroup): it is trained once."""
 
 
+def run_to_end(command: list[str], out: Path) -> Path:
+    """``command``, which writes the run folder ``out``, run to its end without a stop."""
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(hf_pool, tmp_path_factory) -> Path:
     """`_command` run to its end without a stop: --sync-every 1, three rounds, a checkpoint every update."""
     whole = tmp_path_factory.mktemp("sync") / "whole"
-    done = subprocess.run(_command(hf_pool, whole), cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return whole
+    return run_to_end(_command(hf_pool, whole), whole)
 
 
 @ONE_RUN
