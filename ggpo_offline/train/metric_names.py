@@ -54,7 +54,8 @@ def k3_at_age(age: int) -> str:
 
 # What a --sync-every run logs at each round's first update: the round's pool under the policy that sampled
 # it, before any update on it (Figure 7's diagnostics; λ_t = log π_θ(a_t) − log μ(a_t) with π_θ the
-# sampling checkpoint, so λ is the training-inference mismatch alone). The per-update mismatch/* metrics
+# sampling checkpoint, so λ is the training-inference mismatch alone; with --off-policy-steps K it is the
+# policy that first trains on the round, K updates after its sampler). The per-update mismatch/* metrics
 # then show the same as the round ages.
 ROUND_INDEX = "round/index"
 ROUND_K3 = "round/k3"

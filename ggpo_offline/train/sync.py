@@ -223,7 +223,8 @@ def group_versions(round_: Round) -> dict[int, int]:
 
 @torch.no_grad()
 def round_metrics(trainer, minibatches) -> dict[str, float]:
-    """The round's mismatch under the current policy, the one that sampled it (metric_names "round/"):
+    """The round's mismatch under the current policy, the one that sampled it unless --off-policy-steps put
+    it K updates behind (metric_names "round/"):
     K3, the sequence ESS and token-ratio quantiles over every response of the round, its entropy and
     length; every rank measures its share and the values are reduced over all."""
     ranks: Ranks = trainer.ranks
