@@ -179,7 +179,7 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
         settings = (*settings, SYNC_EVERY)
     logged = {name for record in records for row in record.metrics for name in row}
     optional = CORRECTION_DIAGNOSTICS + CHECKPOINT_METRICS + ROUND_DIAGNOSTICS + SAMPLER_METRICS + AGE_METRICS
-    by_age = tuple(k3_at_age(age) for age in range(max(len(logged), 1)) if k3_at_age(age) in logged)
+    by_age = tuple(sorted((name for name in logged if name.startswith(k3_at_age(""))), key=_age_of))
     columns = DIAGNOSTICS + tuple(name for name in optional if name in logged) + by_age
     with replacing(path) as tmp, tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -189,6 +189,11 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
             for row in record.metrics:
                 values = (row.get(name, "") for name in columns)
                 writer.writerow((record.method, record.seed, *chosen, row[UPDATE], *values))
+
+
+def _age_of(name: str) -> int:
+    """The age a `k3_at_age` column is of."""
+    return int(name.removeprefix(k3_at_age("")))
 
 
 def write_tables(counts: Counts, out: Path) -> str:

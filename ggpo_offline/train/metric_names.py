@@ -46,9 +46,9 @@ versions its round's pool records, so that a replay of the rounds logs the same)
 AGE_METRICS = (AGE, AGE_MIN, AGE_MAX)
 
 
-def k3_at_age(age: int) -> str:
+def k3_at_age(age: int | str) -> str:
     """`mismatch/k3` over the tokens of the minibatch's groups of one age: logged where a minibatch mixes
-    ages (--lag mixed), the mismatch by age."""
+    ages (--lag mixed), the mismatch by age (``""``: the names' common prefix)."""
     return f"{MISMATCH_K3}@age{age}"
 
 

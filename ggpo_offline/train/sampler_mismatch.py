@@ -9,6 +9,7 @@ name and under the name the field logs it by, so a dose reads against the figure
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +17,10 @@ from torch import Tensor
 
 from ggpo_offline.train import diagnostics as diag
 from ggpo_offline.train.metric_names import SAMPLER_FIELDS, SAMPLER_METRICS
+
+if TYPE_CHECKING:
+    from ggpo_offline.train.pi0_cache import Pi0Cache
+    from ggpo_offline.train.pool_index import CheckedPool
 
 RATIO_BOUNDS = (0.5, 2.0)
 """The token-ratio band `SamplerMismatch.outside` counts outside of (IcePop's and verl's token-mask bounds
@@ -77,9 +82,9 @@ def measure(logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> SamplerMismatc
     )
 
 
-def pool_mismatch(pool, cache) -> SamplerMismatch:
-    """The measures over every response of the pool's mixed groups (a `CheckedPool`), π0's log-probs read
-    from its `Pi0Cache`: no forward pass."""
+def pool_mismatch(pool: "CheckedPool", cache: "Pi0Cache") -> SamplerMismatch:
+    """The measures over every response of the pool's mixed groups, π0's log-probs read from its cache: no
+    forward pass."""
     from ggpo_offline.train.minibatch import MinibatchReader
     from ggpo_offline.train.pi0_cache import GROUPS_PER_PASS
 

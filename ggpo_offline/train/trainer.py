@@ -464,11 +464,12 @@ def _updates(
         doing(f"training update {update}")
         trainer.refresh_anchors(minibatches)  # π_ref / π_old, when one is due now
         sampler = _sampler_mismatch(trainer, inputs) if update == 0 else {}  # before the step moves π_θ
-        ages = {0: update} if rounds is None else rounds.ages(update)  # offline: π0 sampled the pool
-        mixed = rounds is not None and rounds.mixes_ages()
-        metrics = trainer.step(minibatches[update], ages if mixed else None)  # log-probs → loss → step
+        group_ages = None if rounds is None else rounds.ages(update)
+        by_age = group_ages if rounds is not None and rounds.mixes_ages() else None
+        metrics = trainer.step(minibatches[update], by_age)  # log-probs → loss → backward → step
         metrics[FILTERED_FRAC] = inputs.filtered_frac
-        metrics.update(entered | sampler | age_metrics(list(ages.values())))
+        ages = [update] if group_ages is None else list(group_ages.values())  # offline: π0 sampled the pool
+        metrics.update(entered | sampler | age_metrics(ages))
         done = update + 1
         run.record(update, evaluation, metrics, last=done == config.updates)
         if on_update is not None:
