@@ -4,7 +4,9 @@
 Each run is a fresh `ggpo train` process, so its "process" phase is the start-up a compare pays once (its
 later runs share the process, the engine and the π0 cache). `--after FLAGS` trains each preset a second
 time with those flags added (e.g. the demo's `--eval-n 2`) and prints the cost of both as a ratio measured
-in the same invocation. `--run DIR` prints the profile of a run already trained instead.
+in the same invocation; `--flags FLAGS` go to every run (`--flags "--eval-n 2 --eval-num-problems 64
+--test-num-problems 64" --after "--sync-every 1"`: what a run sampling every update costs against its
+offline twin, both at the demo's evaluation). `--run DIR` prints the profile of a run already trained instead.
 """
 
 import argparse
@@ -76,6 +78,7 @@ def main() -> None:
     parser.add_argument("--presets", default="tiny,arc", help="comma-separated presets to profile")
     parser.add_argument("--method", default="ggpo")
     parser.add_argument("--after", help="flags of a second run per preset ('--eval-n 2'): prints the ratio")
+    parser.add_argument("--flags", default="", help="flags of every run (the demo's evaluation, say)")
     parser.add_argument("--run", type=Path, help="print this finished run's profile, train nothing")
     args = parser.parse_args()
     if args.run is not None:
@@ -87,13 +90,16 @@ def main() -> None:
             pool = Path(folder) / "base.parquet"
             subprocess.run([GGPO, "generate-pool", "--out", str(pool)], check=True, capture_output=True)
         for preset in args.presets.split(","):
-            variants = {"": []} if args.after is None else {"": [], args.after: shlex.split(args.after)}
+            common = shlex.split(args.flags)
+            variants = {"": common}
+            if args.after is not None:
+                variants[args.after] = [*common, *shlex.split(args.after)]
             walls, seeds = {}, {}
             for flags, extra in variants.items():
                 run_dir = Path(folder) / f"{preset}{len(walls)}"
                 walls[flags] = train_and_profile(pool, preset, args.method, extra, run_dir)
                 seeds[flags] = seed_seconds(run_dir)
-                added = f", `{flags}`" if flags else ""
+                added = "".join(f", `{f}`" for f in (args.flags, flags) if f)
                 print(f"### `{preset}`{added}: one {args.method} run, seed 42, one torch thread\n")
                 print(profile_table(run_dir, walls[flags]))
                 print(f"\n{evaluation_lines(run_dir)}\n")

@@ -16,7 +16,21 @@ from test_sync_rounds import SMALL, _killed_at, _metrics, _same_weights, run_to_
 from ggpo_offline.core.model_io import weights_sha256
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train.config import TrainConfig
-from ggpo_offline.train.metric_names import AGE, AGE_MAX, AGE_MIN, k3_at_age
+from ggpo_offline.train.metric_names import (
+    AGE,
+    AGE_MAX,
+    AGE_MIN,
+    MISMATCH_ESS,
+    MISMATCH_K3,
+    POLICY_ENTROPY,
+    RESPONSE_LENGTH,
+    ROUND_ENTROPY,
+    ROUND_ESS,
+    ROUND_INDEX,
+    ROUND_K3,
+    ROUND_LENGTH,
+    k3_at_age,
+)
 from ggpo_offline.train.rounds import RoundSchedule, read_records
 from ggpo_offline.train.trainer import train
 
@@ -71,6 +85,21 @@ def test_each_round_is_sampled_by_the_policy_k_updates_before_it_and_says_so(lag
         assert info.model.weights_sha256 == weights_sha256(checkpoint)  # the policy one update behind
         assert info.model.policy_version == record.start - 1  # stamped in the round's own pool
     assert [m[AGE] for m in _metrics(lagged)] == [0.0, 1.0, 1.0, 1.0]
+
+
+@ONE_RUN
+def test_a_round_is_measured_over_all_its_minibatches_on_the_policy_before_its_first_step(lagged):
+    """Round 0 (two updates) by a forward of both its minibatches; rounds 1 and 2 (one update each) from
+    their step's own forward, before the step: the same tokens and policy as the step's mismatch/*."""
+    metrics = _metrics(lagged)
+    assert [m.get(ROUND_INDEX) for m in metrics] == [0.0, None, 1.0, 2.0]
+    first, second = metrics[0][RESPONSE_LENGTH], metrics[1][RESPONSE_LENGTH]
+    assert first != second and metrics[0][ROUND_LENGTH] == pytest.approx((first + second) / 2, rel=1e-12)
+    pairs = [(ROUND_K3, MISMATCH_K3), (ROUND_ESS, MISMATCH_ESS), (ROUND_ENTROPY, POLICY_ENTROPY)]
+    for m in metrics[2:]:
+        assert m[MISMATCH_K3] > 1e-6  # one update behind: a mismatch the measure must find
+        for round_name, step_name in [*pairs, (ROUND_LENGTH, RESPONSE_LENGTH)]:
+            assert m[round_name] == pytest.approx(m[step_name], rel=1e-6), round_name  # float32 sums
 
 
 @ONE_RUN

@@ -11,7 +11,8 @@ import pytest
 from conftest import hf_pool_config
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.generate.pipeline import generate_pool
+from ggpo_offline.generate.pipeline import KeptEngine, generate_pool
+from ggpo_offline.generate.worker_pool import worker_processes
 from ggpo_offline.pool.partial import partial_dir
 from ggpo_offline.pool.source import read_pool_info
 
@@ -93,3 +94,30 @@ def test_keep_groups_and_first_prompt_are_checked_in_one_line(tmp_path):
         with pytest.raises(UserError) as refused:
             generate_pool(dataclasses.replace(config, **changes))
         assert str(refused.value) == message
+
+
+def test_pools_sampled_by_one_kept_engine_share_its_reward_workers_and_hold_the_same_rows(hf_pool, tmp_path):
+    """A run's rounds (`KeptEngine`): each pool is scored by the same reward workers, idle between pools
+    (the batch sampled past the last kept group is waited for, not dropped), and holds the rows that a
+    pool started alone holds."""
+    whole = pq.read_table(hf_pool)
+    mixed = mixed_group_ids(whole)
+    kept, workers = KeptEngine(), []
+
+    def sample(name: str, first_prompt: int) -> pa.Table:
+        kept_groups = {"keep_groups": 2, "first_prompt": first_prompt, "reward_workers": 1, **MIXED}
+        config = hf_pool_config(tmp_path / name, **kept_groups)
+        pool = generate_pool(config, engine=kept)
+        scorer = kept.scorer(config)
+        workers.append([process.pid for process in worker_processes(scorer._pool)])
+        assert scorer.restarts == 0
+        return pool
+
+    try:
+        first = sample("a.parquet", 0)
+        second = sample("b.parquet", read_pool_info(first).counts.prompts)
+    finally:
+        kept.close()
+    assert pq.read_table(first).equals(rows_of(whole, mixed[:2]))
+    assert pq.read_table(second).equals(rows_of(whole, mixed[2:4]))
+    assert workers[0] == workers[1] and len(workers[0]) == 1

@@ -182,6 +182,14 @@ def test_scorer_keeps_its_pool_across_batches(two_worker_scorer):
     assert two_worker_scorer.restarts == 0
 
 
+def test_drain_waits_for_a_batch_nobody_asked_for():
+    with RewardScorer(workers=1, timeout_s=0.5) as scorer:
+        scorer.submit([(SLOW_RESPONSE, "1")])  # dropped: the batch sampled past a pool's last kept group
+        assert scorer.timeouts == 0
+        scorer.drain()
+        assert scorer.timeouts == 1  # its one item waited for, the workers idle for the next pool
+
+
 def test_soft_timeout_in_worker_is_counted():
     with RewardScorer(workers=1, timeout_s=0.5) as scorer:
         results = scorer.submit([(SLOW_RESPONSE, "1"), ("\\boxed{2}", "2")]).get()

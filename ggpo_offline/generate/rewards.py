@@ -397,6 +397,11 @@ class RewardScorer:
         self.errors += sum(result.status == "error" for result in batch.results)
         return list(batch.results)
 
+    def drain(self) -> None:
+        """Wait for every submitted batch, wanted or not (`wait`), so that the workers are idle."""
+        for batch in list(self._pending):
+            self.wait(batch)
+
     def close(self) -> None:
         """Stop the worker processes."""
         if self._pool is not None:

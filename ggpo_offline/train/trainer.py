@@ -52,7 +52,7 @@ from ggpo_offline.train.run_inputs import (
 )
 from ggpo_offline.train.run_tracking import FLUSH_EVERY, Run, failures_explained
 from ggpo_offline.train.sync import RunRounds
-from ggpo_offline.train.update_metrics import EssBlock, StepDiagnostics, age_metrics
+from ggpo_offline.train.update_metrics import EssBlock, RoundMismatch, StepDiagnostics, age_metrics
 
 
 @dataclass(frozen=True)
@@ -236,16 +236,24 @@ class Trainer:
         with self.profile.phase("probe", self.update):
             return self.probe.measure(self.policy, self.forward_tokens)
 
-    def step(self, batch: Minibatch, ages: dict[int, int] | None = None) -> dict[str, float]:
+    def step(
+        self,
+        batch: Minibatch,
+        ages: dict[int, int] | None = None,
+        round_mismatch: RoundMismatch | None = None,
+    ) -> dict[str, float]:
         """One optimizer update on (this rank's share of) one minibatch: log-probs → loss → backward per
         micro-batch, then the step; returns the minibatch's metrics, reduced over ranks and computed before
-        the step (``ages``: group id → age, for a minibatch of several ages: its K3 by age too). The anchors
+        the step (``ages``: group id → age, for a minibatch of several ages: its K3 by age too;
+        ``round_mismatch``: filled from the same forward, for a round of this one minibatch). The anchors
         this update reads must be fresh (`refresh_anchors`)."""
         micros = batch.split(self.config.micro_batch_size)
         token_count = all_sum(batch.mask.sum(), self.ranks).to(self.device)
         counts = self.learner.prepare(_OnDevice(self, micros, token_count))
         responses = batch.num_responses * self.ranks.world
-        diagnostics = StepDiagnostics(counts.token_count, responses, self.needs_ref, self.ranks, ages)
+        diagnostics = StepDiagnostics(
+            counts.token_count, responses, self.needs_ref, self.ranks, ages, round_mismatch
+        )
         self.optimizer.zero_grad(set_to_none=True)
         with self.profile.phase("forward_backward", self.update):
             for position, micro in enumerate(micros):
@@ -458,15 +466,17 @@ def _updates(
     config, profile, first = trainer.config, trainer.profile, trainer.update
     for update in range(first, config.updates):
         evaluation = evaluations.at(update, run.folder, trainer.drift)  # of the checkpoint before the update
-        entered = {}
+        entered, round_mismatch = {}, None
         if rounds is not None and (update == first or rounds.starts_round(update)):
-            entered = rounds.enter(update, trainer, minibatches)  # its pool sampled first, when new
+            entered, round_mismatch = rounds.enter(update, trainer, minibatches)  # sampled first, when new
         doing(f"training update {update}")
         trainer.refresh_anchors(minibatches)  # π_ref / π_old, when one is due now
         sampler = _sampler_mismatch(trainer, inputs) if update == 0 else {}  # before the step moves π_θ
         group_ages = None if rounds is None else rounds.ages(update)
         by_age = group_ages if rounds is not None and rounds.mixes_ages() else None
-        metrics = trainer.step(minibatches[update], by_age)  # log-probs → loss → backward → step
+        metrics = trainer.step(minibatches[update], by_age, round_mismatch)
+        if round_mismatch is not None:
+            entered |= round_mismatch.metrics()
         metrics[FILTERED_FRAC] = inputs.filtered_frac
         ages = [update] if group_ages is None else list(group_ages.values())  # offline: π0 sampled the pool
         metrics.update(entered | sampler | age_metrics(ages))

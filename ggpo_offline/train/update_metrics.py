@@ -19,6 +19,11 @@ from ggpo_offline.train.metric_names import (
     REF_LOG_RATIO,
     RESPONSE_LENGTH,
     REWARD,
+    ROUND_ENTROPY,
+    ROUND_ESS,
+    ROUND_K3,
+    ROUND_LENGTH,
+    ROUND_RATIO_QUANTILES,
     SUCCESS_ESS,
     TRUNCATED_FRAC,
     k3_at_age,
@@ -47,6 +52,56 @@ class EssBlock:
         return ess
 
 
+class RoundMismatch:
+    """A round's mismatch under one policy (metric_names "round/"): K3, the sequence ESS and token-ratio
+    quantiles over every response of the round, its entropy and length. `add` takes the policy's forward of
+    each micro-batch, `metrics` reduces over all ranks (each measures its share)."""
+
+    def __init__(self, ranks: Ranks):
+        self.ranks = ranks
+        self.sums = torch.zeros(3, dtype=torch.float64)  # K3, entropy and token count, summed
+        self.log_ratios: list[Tensor] = []
+        self.seq_log_weights: list[Tensor] = []
+        self.lengths: list[Tensor] = []
+
+    def add(self, logp: Tensor, entropy: Tensor, behavior_logp: Tensor, mask: Tensor) -> None:
+        """One micro-batch's log-probs and entropies under the policy, its behavior log-probs and mask."""
+        logp, entropy = logp.detach().cpu(), entropy.detach().cpu()
+        behavior_logp, mask = behavior_logp.cpu(), mask.cpu()
+        self.sums += torch.tensor(
+            [
+                diag.mismatch_k3(logp, behavior_logp, mask, token_count=1.0).item(),
+                diag.token_entropy_mean(entropy, mask, token_count=1.0).item(),
+                mask.sum().item(),
+            ],
+            dtype=torch.float64,
+        )
+        self.log_ratios.append((logp - behavior_logp)[mask.bool()])
+        self.seq_log_weights.append(diag.sequence_log_weights(logp, behavior_logp, mask))
+        self.lengths.append(mask.sum(dim=1))
+
+    def metrics(self) -> dict[str, float]:
+        k3, entropy, tokens = all_sum(self.sums, self.ranks).tolist()
+        ratios = _all_tokens(torch.cat(self.log_ratios).double(), self.ranks).exp()
+        levels = torch.tensor([q for _, q in ROUND_RATIO_QUANTILES], dtype=torch.float64)
+        quantiles = torch.quantile(ratios, levels).tolist()
+        return {
+            ROUND_K3: k3 / tokens,
+            ROUND_ESS: diag.sequence_ess(all_cat(torch.cat(self.seq_log_weights), self.ranks)).item(),
+            **{name: q for (name, _), q in zip(ROUND_RATIO_QUANTILES, quantiles, strict=True)},
+            ROUND_ENTROPY: entropy / tokens,
+            ROUND_LENGTH: all_cat(torch.cat(self.lengths).double(), self.ranks).mean().item(),
+        }
+
+
+def _all_tokens(values: Tensor, ranks: Ranks) -> Tensor:
+    """Every rank's token values, whose counts differ: padded with NaN to the longest, gathered, unpadded."""
+    longest = int(all_max(torch.tensor(float(len(values))), ranks).item())
+    padded = torch.cat([values, torch.full((longest - len(values),), float("nan"), dtype=values.dtype)])
+    gathered = all_cat(padded, ranks)
+    return gathered[~gathered.isnan()]
+
+
 def age_metrics(ages: list[int]) -> dict[str, float]:
     """`AGE_METRICS` of a minibatch whose groups have ``ages``."""
     return dict(zip(AGE_METRICS, (sum(ages) / len(ages), min(ages), max(ages)), strict=True))
@@ -68,12 +123,14 @@ class StepDiagnostics:
         with_ref: bool,
         ranks: Ranks,
         ages: dict[int, int] | None = None,
+        round_mismatch: RoundMismatch | None = None,
     ):
         """``token_count``: T_tok of the whole minibatch; ``response_count``: its responses on all ranks;
         ``with_ref``: the learner has a reference (ref/log_ratio is logged); ``ages``: group id → age, for a
-        minibatch of several ages, whose K3 is then logged by age too (`k3_at_age`)."""
+        minibatch of several ages, whose K3 is then logged by age too (`k3_at_age`); ``round_mismatch``:
+        the round this minibatch is all of, measured on the same forward (the policy before the step)."""
         self.token_count, self.response_count, self.ranks = token_count, response_count, ranks
-        self.ages = ages
+        self.ages, self.round_mismatch = ages, round_mismatch
         self.by_age = torch.zeros(len(set((ages or {}).values())), 2, dtype=torch.float64)  # K3, tokens
         self.sums = dict.fromkeys([k for k in SUMMED_METRICS if with_ref or k != REF_LOG_RATIO], 0.0)
         self.seq_log_weights: list[Tensor] = []
@@ -104,6 +161,8 @@ class StepDiagnostics:
             ).item()
         if self.ages is not None:
             self._add_by_age(micro, logp, behavior_logp, mask)
+        if self.round_mismatch is not None:
+            self.round_mismatch.add(logp, entropy, behavior_logp, mask)
         self.seq_log_weights.append(diag.sequence_log_weights(logp, behavior_logp, mask))
         self.rewards.append(micro.rewards)
         self.stats.append(loss.stats)
