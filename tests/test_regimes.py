@@ -12,7 +12,7 @@ from test_ladder import SEEDS, _counts
 from ggpo_offline.compare.counts import Counts
 from ggpo_offline.compare.report import write_diagnostics
 from ggpo_offline.compare.tables import display
-from ggpo_offline.train.metric_names import AGE, MISMATCH_ESS
+from ggpo_offline.train.metric_names import AGE, MISMATCH_ESS, MISMATCH_K3
 from ggpo_offline.train.run_records import RunSettings
 from ggpo_offline.train.sampler_mismatch import SamplerMismatch
 
@@ -33,6 +33,7 @@ def _condition(folder, counts: Counts, dose: float, age: int) -> None:
             settings=RunSettings({"method": method, "seed": seed}),
             metrics=[
                 {"update": u, AGE: float(age + u % 2), MISMATCH_ESS: 1 - dose * (u + 1)}
+                | {MISMATCH_K3: dose * (age + u % 2) * (1 if method == "grpo" else 100)}
                 | (measured.metrics() if u == 0 else {})
                 | ({"correction/masked_frac": dose * seed} if method == CORRECTION else {})
                 for u in range(4)
@@ -73,6 +74,8 @@ def test_each_condition_sets_every_correction_against_none_with_its_measured_dos
     # The condition as its runs measured it: the dose at update 0, the mean age over every update.
     assert dose["measured"]["sampler/abs_log_ratio"] == 0.03 and control["measured"]["sampler/k3"] == 0.0
     assert dose["measured"]["age_mean"] == 2.5 and dose["measured"]["age_max"] == 3.0
+    # The K3 the baseline trained on, its runs' alone: the dose's mismatch grown with the samples' age.
+    assert dose["measured"]["trained_k3"] == pytest.approx(0.03 * 2.5)
     assert dose["diagnostics"][CORRECTION]["masked"] == pytest.approx(0.03 * sum(SEEDS) / len(SEEDS))
     assert dose["diagnostics"]["grpo"] == {"ess": pytest.approx(1 - 0.03 * 2.5)}  # masks nothing
 

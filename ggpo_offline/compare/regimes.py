@@ -17,7 +17,7 @@ from ggpo_offline.compare.report import DIAGNOSTICS_FILE
 from ggpo_offline.compare.tables import display
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError, replace_text, write_json
-from ggpo_offline.train.metric_names import AGE, MISMATCH_ESS, SAMPLER_METRICS, UPDATE
+from ggpo_offline.train.metric_names import AGE, MISMATCH_ESS, MISMATCH_K3, SAMPLER_METRICS, UPDATE
 
 README = "README.md"
 REGIMES_FILE = "regimes.json"
@@ -70,7 +70,7 @@ def regimes_report(config: RegimesConfig) -> Path:
         "conditions": {
             c.name: {
                 "folder": str(c.folder),
-                "measured": measured(c),
+                "measured": measured(c, config.baseline),
                 "against_baseline": against_baseline(c, config.baseline, seeds),
                 "diagnostics": method_diagnostics(c),
             }
@@ -84,11 +84,15 @@ def regimes_report(config: RegimesConfig) -> Path:
     return out
 
 
-def measured(condition: Condition) -> dict[str, float]:
-    """The condition's mismatch at update 0 (`SAMPLER_METRICS`, the same for every run on its pool) and
-    its mean and greatest age (`AGE`) over every update of every run."""
+def measured(condition: Condition, baseline: str) -> dict[str, float]:
+    """The condition's mismatch at update 0 (`SAMPLER_METRICS`, the same for every run on its pool); the
+    K3 that ``baseline`` trained on ("trained_k3": `MISMATCH_K3`, π_θ before each step against the behavior
+    log-probs, so the sampler's difference and the samples' staleness together), over every update of its
+    runs; and the mean and greatest age (`AGE`) over every update of every run."""
     first = condition.diagnostics.filter(pl.col(UPDATE) == 0)
     found = {name: condition.mean(name, first) for name in SAMPLER_METRICS}
+    trained = condition.diagnostics.filter(pl.col("method") == baseline)
+    found["trained_k3"] = condition.mean(MISMATCH_K3, trained)
     if AGE in condition.diagnostics.columns:
         ages = condition.diagnostics[AGE].cast(pl.Float64)
         found |= {"age_mean": ages.mean(), "age_max": ages.max()}
@@ -139,7 +143,7 @@ def _readme(conditions: list[Condition], data: dict) -> str:
         "",
         "## The conditions, as their runs measured them",
         "",
-        *_conditions_table(by),
+        *_conditions_table(by, baseline),
         "",
         f"## Each method against {baseline} (test, selected checkpoint; each condition one family)",
         "",
@@ -157,12 +161,14 @@ def _readme(conditions: list[Condition], data: dict) -> str:
     return "\n".join(lines)
 
 
-def _conditions_table(by: dict) -> list[str]:
-    header = ["condition", "mean |Δ log π|", "K3", "sequence ESS", "ratios outside [0.5, 2]", "mean age"]
+def _conditions_table(by: dict, baseline: str) -> list[str]:
+    """The sampler's mismatch at update 0, the K3 the baseline trained on, the samples' mean age."""
+    header = ["condition", "mean |Δ log π|", "K3", "sequence ESS", "ratios outside [0.5, 2]"]
+    header += [f"K3 {baseline} trained on", "mean age"]
     rows = []
     for name, condition in by.items():
         m = condition["measured"]
-        cells = [f"{m[k]:.3g}" if k in m else "—" for k in MEASURED]
+        cells = [f"{m[k]:.3g}" if k in m else "—" for k in (*MEASURED, "trained_k3")]
         cells[3] = f"{m['sampler/outside']:.2%}" if "sampler/outside" in m else "—"
         rows.append(
             [f"{name} (`{condition['folder']}`)", *cells, f"{m['age_mean']:.2f}" if "age_mean" in m else "—"]
