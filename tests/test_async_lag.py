@@ -3,6 +3,7 @@ starts, the version stamped in its pool; the same seed gives the same bytes, a k
 between rounds resumes to the uninterrupted run, the recorded rounds replay exactly, and K = 0 is
 `--sync-every` itself."""
 
+import csv
 import json
 import subprocess
 from pathlib import Path
@@ -13,6 +14,8 @@ from conftest import REPO
 from test_cli import GGPO, assert_one_error_line, ggpo_here
 from test_sync_rounds import SMALL, _killed_at, _metrics, _same_weights, run_to_end
 
+from ggpo_offline.compare.finished_runs import load_run
+from ggpo_offline.compare.report import write_diagnostics
 from ggpo_offline.core.model_io import weights_sha256
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train.config import TrainConfig
@@ -30,6 +33,7 @@ from ggpo_offline.train.metric_names import (
     ROUND_K3,
     ROUND_LENGTH,
     k3_at_age,
+    share_at_age,
 )
 from ggpo_offline.train.rounds import RoundSchedule, read_records
 from ggpo_offline.train.trainer import train
@@ -161,7 +165,19 @@ def test_a_mixed_lag_minibatch_holds_groups_of_ages_1_to_k_each_stamped(hf_pool,
     metrics = _metrics(mixed)
     assert [(m[AGE_MIN], m[AGE_MAX]) for m in metrics] == [(0.0, 0.0), (1.0, 1.0), (1.0, 2.0), (1.0, 2.0)]
     assert all(k3_at_age(1) in m and k3_at_age(2) in m for m in metrics[2:])
-    assert not any(k3_at_age(1) in m for m in metrics[:2])  # one age: mismatch/k3 says it
+    assert all((m[share_at_age(1)], m[share_at_age(2)]) == (0.5, 0.5) for m in metrics[2:])  # histogram
+    assert not any(k3_at_age(1) in m or share_at_age(1) in m for m in metrics[:2])  # one age: policy/age
+
+
+@ONE_RUN
+def test_a_compares_diagnostics_carry_each_updates_ages_histogram_and_k3_by_age(mixed, tmp_path):
+    write_diagnostics([load_run(mixed, "grpo-tis", 1)], tmp_path / "diagnostics.csv")
+    with (tmp_path / "diagnostics.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    by_age = [share_at_age(1), share_at_age(2), k3_at_age(1), k3_at_age(2)]
+    assert list(rows[0])[-4:] == by_age  # the histogram, then the K3 by age, each by age
+    for row, logged in zip(rows, _metrics(mixed), strict=True):
+        assert [row[name] for name in by_age] == [str(logged.get(name, "")) for name in by_age]
 
 
 @ONE_RUN

@@ -2,6 +2,7 @@
 out."""
 
 import csv
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from ggpo_offline.compare.variance import variance_section
 from ggpo_offline.core.errors import replace_text, replacing
 from ggpo_offline.train.metric_names import (
     AGE_METRICS,
+    BY_AGE,
     CHECKPOINT_METRICS,
     GRAD_NORM,
     MISMATCH_DRIFT,
@@ -38,7 +40,6 @@ from ggpo_offline.train.metric_names import (
     ROUND_METRICS,
     SAMPLER_METRICS,
     UPDATE,
-    k3_at_age,
 )
 
 STATISTICS = (
@@ -170,8 +171,8 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
     data of the figures' diagnostic panels and of the ESS and drift the reports quote; at evaluated
     checkpoints, the drift from π0 on the probe and what the policy generated (`CHECKPOINT_METRICS`), at a
     round's first update its diagnostics (`ROUND_DIAGNOSTICS`), at update 0 the pool's sampler against the
-    learner (`SAMPLER_METRICS`), each update's ages (`AGE_METRICS`) and, with mixed ages, its K3 by age
-    (`k3_at_age`), where the runs logged them.
+    learner (`SAMPLER_METRICS`), each update's ages (`AGE_METRICS`) and, with mixed ages, its age histogram
+    and K3 by age (`BY_AGE`), where the runs logged them.
     ``settings`` names run settings written beside method and seed on every row (a sweep's ``lr``), and
     runs trained with --sync-every add theirs (`SYNC_EVERY`), so that the file alone is the data of the
     staleness ladder (`ggpo ladder-report`)."""
@@ -179,7 +180,11 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
         settings = (*settings, SYNC_EVERY)
     logged = {name for record in records for row in record.metrics for name in row}
     optional = CORRECTION_DIAGNOSTICS + CHECKPOINT_METRICS + ROUND_DIAGNOSTICS + SAMPLER_METRICS + AGE_METRICS
-    by_age = tuple(sorted((name for name in logged if name.startswith(k3_at_age(""))), key=_age_of))
+    by_age = tuple(
+        name
+        for metric in BY_AGE
+        for name in sorted((n for n in logged if n.startswith(metric(""))), key=lambda n: _age_of(n, metric))
+    )
     columns = DIAGNOSTICS + tuple(name for name in optional if name in logged) + by_age
     with replacing(path) as tmp, tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -191,9 +196,9 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
                 writer.writerow((record.method, record.seed, *chosen, row[UPDATE], *values))
 
 
-def _age_of(name: str) -> int:
-    """The age a `k3_at_age` column is of."""
-    return int(name.removeprefix(k3_at_age("")))
+def _age_of(name: str, metric: Callable[[int | str], str]) -> int:
+    """The age a ``metric`` column (one of `BY_AGE`) is of."""
+    return int(name.removeprefix(metric("")))
 
 
 def write_tables(counts: Counts, out: Path) -> str:

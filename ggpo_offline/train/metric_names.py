@@ -52,6 +52,15 @@ def k3_at_age(age: int | str) -> str:
     return f"{MISMATCH_K3}@age{age}"
 
 
+def share_at_age(age: int | str) -> str:
+    """The share of the minibatch's groups of one age, logged beside `k3_at_age`: its age histogram."""
+    return f"{AGE}_share@age{age}"
+
+
+BY_AGE = (share_at_age, k3_at_age)
+"""The by-age metrics of a minibatch that mixes ages, in the order the diagnostics show them."""
+
+
 # What a --sync-every run logs at each round's first update: the round's pool under the policy that sampled
 # it, before any update on it (Figure 7's diagnostics; λ_t = log π_θ(a_t) − log μ(a_t) with π_θ the
 # sampling checkpoint, so λ is the training-inference mismatch alone; with --off-policy-steps K it is the

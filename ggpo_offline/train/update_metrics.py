@@ -27,6 +27,7 @@ from ggpo_offline.train.metric_names import (
     SUCCESS_ESS,
     TRUNCATED_FRAC,
     k3_at_age,
+    share_at_age,
 )
 from ggpo_offline.train.minibatch import Minibatch
 
@@ -103,8 +104,12 @@ def _all_tokens(values: Tensor, ranks: Ranks) -> Tensor:
 
 
 def age_metrics(ages: list[int]) -> dict[str, float]:
-    """`AGE_METRICS` of a minibatch whose groups have ``ages``."""
-    return dict(zip(AGE_METRICS, (sum(ages) / len(ages), min(ages), max(ages)), strict=True))
+    """`AGE_METRICS` of a minibatch whose groups have ``ages``; where they differ, its histogram too
+    (`share_at_age`)."""
+    metrics = dict(zip(AGE_METRICS, (sum(ages) / len(ages), min(ages), max(ages)), strict=True))
+    if len(set(ages)) > 1:
+        metrics |= {share_at_age(age): ages.count(age) / len(ages) for age in sorted(set(ages))}
+    return metrics
 
 
 class StepDiagnostics:
