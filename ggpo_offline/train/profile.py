@@ -29,7 +29,7 @@ PHASES = {
     "round_reference": "π_ref's log-probs of the round's responses (the methods that have one)",
     "round_assemble": "--lag mixed: the round's pool written from one share of each version's sample",
     "round_rescore": "--behavior-logprobs learner: the learner's log-probs of the round on its sampler",
-    "round_diagnostics": "the round's mismatch, entropy and length under the policy that sampled it",
+    "round_diagnostics": "a round of several updates: its mismatch, entropy and length (one forward)",
     "probe": "the drift from π0 at an evaluated checkpoint: a no-gradient forward over the fixed probe",
     "evaluate": "a validation evaluation: engine start or weight load, sampling and scoring",
     "test": "the test evaluations of the selected, final and initial checkpoints",
