@@ -216,19 +216,20 @@ ladder: setup
 	$(BIN)/ggpo ladder-report --offline docs/arc --rungs $(LADDER_OUT)/arc-sync4 --out $(LADDER_OUT)/arc
 
 # The corrections under the conditions they were made for (docs/regimes/). Offline replays of the demo's pool
-# (the control: engine = learner) and of its prompts sampled at tau 1.2 and 1.4 for a learner at 1 (mean
-# |d log pi| 0.0048 and 0.031 on 64 of them: the low and high end of the field's figures, docs/results.md),
-# each trained by GRPO (no correction), GRPO+TIS, GGPO and one preset of each correction family; then
-# asynchronous training on the demo's pool, each update's batch sampled 1 update behind (--off-policy-steps
-# 1), then of every age 1..4 (--lag mixed), then 2 behind on the tau 1.2 pool, with GRPO and the families
-# made for a stale policy. Five seeds, the demo's evaluation, each method at its tuned rate, two runs at a
-# time; then one report, one Holm family per condition. Estimated from today's run times (not yet run whole):
-# 120 offline runs of ~1.1 core-minutes and 45 lagged ones of ~4, about 160 minutes.
+# (engine = learner; its samples age 0..19 as the replay goes: the offline condition) and of its prompts
+# sampled at tau 1.2 and 1.4 for a learner at 1 (mean |d log pi| 0.0048 and 0.034: the low and high end of
+# the field's figures, docs/results.md), each trained by GRPO (no correction), GRPO+TIS, GGPO and one preset
+# of each correction family; then training that samples every update with GRPO and the families made for a
+# stale policy: the control (each batch sampled by the policy it trains, lag 0), 1 update behind
+# (--off-policy-steps 1), of every age 1..4 (--lag mixed), and 2 behind on the tau 1.2 pool. Five seeds, the
+# demo's evaluation, each method at its tuned rate, two runs at a time; then one report, one Holm family per
+# condition. Measured 2026-12-07 (docs/development.md): ~150 minutes.
 REGIMES_OUT ?= reports/regimes
 REGIMES_TAUS ?= 1.2 1.4
 REGIMES_OFFLINE ?= grpo,grpo-tis,ggpo,verl-decoupled-token-is,openrlhf-icepop,areal-m2po,trl-cispo,verl-gspo
 REGIMES_LAGGED ?= grpo,grpo-tis,areal-m2po
-REGIMES_CONDITIONS := control $(foreach tau,$(REGIMES_TAUS),tau$(tau)) lag1 lag4-mixed tau$(firstword $(REGIMES_TAUS))-lag2
+REGIMES_CONDITIONS := offline $(foreach tau,$(REGIMES_TAUS),tau$(tau)) lag0 lag1 lag4-mixed \
+	tau$(firstword $(REGIMES_TAUS))-lag2
 REGIMES := $(BIN)/ggpo compare --preset tiny --seeds $(DEMO_SEEDS) --eval-n 2 --eval-num-problems 64 \
 	--test-num-problems 64 --threads 1 --ceilings $(CEILINGS) --no-tracking --jobs $(JOBS)
 REGIMES_LAG := $(REGIMES) --methods $(REGIMES_LAGGED) --sync-every 1
@@ -242,9 +243,10 @@ regimes: setup
 	  --out $$pool || exit 1; fi; done
 	for pool in $(DEMO_POOL) $(foreach tau,$(REGIMES_TAUS),$(call regimes_pool,$(tau))); do \
 	  $(BIN)/ggpo pool score $$pool || exit 1; done
-	$(REGIMES) --pool $(DEMO_POOL) --methods $(REGIMES_OFFLINE) --out $(REGIMES_OUT)/control
+	$(REGIMES) --pool $(DEMO_POOL) --methods $(REGIMES_OFFLINE) --out $(REGIMES_OUT)/offline
 	for tau in $(REGIMES_TAUS); do $(REGIMES) --pool $(call regimes_pool,$$tau) --methods $(REGIMES_OFFLINE) \
 	  --out $(REGIMES_OUT)/tau$$tau || exit 1; done
+	$(REGIMES_LAG) --pool $(DEMO_POOL) --out $(REGIMES_OUT)/lag0
 	$(REGIMES_LAG) --pool $(DEMO_POOL) --off-policy-steps 1 --out $(REGIMES_OUT)/lag1
 	$(REGIMES_LAG) --pool $(DEMO_POOL) --off-policy-steps 4 --lag mixed --out $(REGIMES_OUT)/lag4-mixed
 	$(REGIMES_LAG) --pool $(call regimes_pool,$(firstword $(REGIMES_TAUS))) --off-policy-steps 2 \

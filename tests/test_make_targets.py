@@ -116,7 +116,7 @@ def shaped(tmp_path_factory) -> Path:
         ("tune-corrections", 6),
         ("arc", 3),
         ("ladder", 3),
-        ("regimes", 6),
+        ("regimes", 7),
     ],  # fmt: skip
 )
 def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares):
@@ -128,11 +128,11 @@ def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares
             line.split(";")[0] for plan in plans for line in plan.splitlines() if "rounds:" in line
         )
         assert rounds == ["rounds: 15 of 4 updates", "rounds: 20 of 1 update", "rounds: 5 of 4 updates"]
-    if target == "regimes":  # K = 1 and mixed K = 4 start sampling at update 2, K = 2 at update 3
+    if target == "regimes":  # K = 0 samples from update 1, K = 1 and mixed K = 4 from 2, K = 2 from 3
         rounds = sorted(
             line.split(";")[0] for plan in plans for line in plan.splitlines() if "rounds:" in line
         )
-        assert rounds == ["rounds: 18 of 1 update", *["rounds: 19 of 1 update"] * 2]
+        assert rounds == ["rounds: 18 of 1 update", *["rounds: 19 of 1 update"] * 2, "rounds: 20 of 1 update"]
     written = sorted(str(p.relative_to(shaped)) for p in shaped.rglob("*") if p.parent.name != "bin")
     expected = [
         "bin",
@@ -147,7 +147,7 @@ def test_every_compare_a_make_target_runs_fits_its_pool(shaped, target, compares
     )
 
 
-@pytest.mark.parametrize("target, count", [("demo", 1), ("beyond", 1), ("corrections", 1), ("regimes", 6)])
+@pytest.mark.parametrize("target, count", [("demo", 1), ("beyond", 1), ("corrections", 1), ("regimes", 7)])
 def test_a_two_core_target_runs_its_compares_two_runs_at_a_time(shaped, target, count):
     """Compares whose runs two workers share, one a core (`--jobs 2`): no fixed half each."""
     compares = [call for call in make_calls(target, shaped) if call[0] == "compare"]
