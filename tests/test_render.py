@@ -36,8 +36,10 @@ COMMITTED = (
     "ladder/tiny-sync1",
     "ladder/tiny-sync4",
     "ladder/arc-sync4",
+    *(f"regimes/{c}" for c in ("offline", "tau1.2", "tau1.4", "lag0", "lag1", "lag4-mixed", "tau1.2-lag2")),
 )
-"""Every report folder under docs/ (`make demo`, beyond, corrections, arc, tune-lr, tune-corrections)."""
+"""Every report folder under docs/ (`make demo`, beyond, corrections, arc, tune-lr, tune-corrections, ladder,
+regimes)."""
 
 
 def test_sections_render_in_the_kinds_order_each_heading_set_off_by_blank_lines():
