@@ -223,7 +223,7 @@ ladder: setup
 # stale policy: the control (each batch sampled by the policy it trains, lag 0), 1 update behind
 # (--off-policy-steps 1), of every age 1..4 (--lag mixed), and 2 behind on the tau 1.2 pool. Five seeds, the
 # demo's evaluation, each method at its tuned rate, two runs at a time; then one report, one Holm family per
-# condition. Measured 2026-12-07 (docs/development.md): ~150 minutes.
+# condition. Measured 2026-12-07 (docs/development.md): about 2 h 10 min quiet, pools included.
 REGIMES_OUT ?= reports/regimes
 REGIMES_TAUS ?= 1.2 1.4
 REGIMES_OFFLINE ?= grpo,grpo-tis,ggpo,verl-decoupled-token-is,openrlhf-icepop,areal-m2po,trl-cispo,verl-gspo

@@ -268,7 +268,6 @@ class KeptEngine:
         self.model_dir: Path | None = None
         self.max_model_len = 0
         self._scorer: RewardScorer | None = None
-        self._scorer_settings: tuple[int, float] | None = None
 
     def for_pool(self, config: GenerateConfig, model_dir: Path, max_model_len: int) -> Engine:
         if self.engine is not None and max_model_len > self.max_model_len:
@@ -283,11 +282,11 @@ class KeptEngine:
     def scorer(self, config: GenerateConfig) -> RewardScorer:
         """The reward workers of ``config``'s pool: the kept ones, unless its worker settings differ."""
         settings = (config.reward_workers, config.reward_timeout_s)
-        if self._scorer is not None and settings != self._scorer_settings:
+        if self._scorer is not None and settings != (self._scorer.workers, self._scorer.timeout_s):
             self._scorer.close()
             self._scorer = None
         if self._scorer is None:
-            self._scorer, self._scorer_settings = RewardScorer(*settings), settings
+            self._scorer = RewardScorer(*settings)
         return self._scorer
 
     def close(self) -> None:
@@ -316,8 +315,11 @@ def _sample_and_store(
     running after it (`KeptEngine.scorer`); else its own are started and closed."""
     wanted = config.keep_groups
     remaining = [] if progress.groups_kept == wanted else prompts.keep[progress.prompts_done :]
-    own = RewardScorer(config.reward_workers, config.reward_timeout_s) if kept_scorer is None else None
-    with own if own is not None else nullcontext(kept_scorer) as scorer:
+    with (
+        RewardScorer(config.reward_workers, config.reward_timeout_s)
+        if kept_scorer is None
+        else nullcontext(kept_scorer)
+    ) as scorer:
         batch_started = time.monotonic()
         batches = sample_and_score(
             engine,
@@ -360,7 +362,7 @@ def _sample_and_store(
                     on_batch(progress)
                 if progress.groups_kept == wanted:
                     break
-        if own is None:  # the next pool's batches would queue behind the scores of the one dropped here
+        if kept_scorer is not None:  # the next pool's batches would queue behind this one's dropped scores
             with stopwatch.timing("scoring"):
                 scorer.drain()
     _refuse_too_few_groups(config, prompts, partial, progress)

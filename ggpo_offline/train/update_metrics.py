@@ -82,6 +82,7 @@ class RoundMismatch:
         self.lengths.append(mask.sum(dim=1))
 
     def metrics(self) -> dict[str, float]:
+        """The `round/` metrics over every micro-batch added, on every rank."""
         k3, entropy, tokens = all_sum(self.sums, self.ranks).tolist()
         ratios = _all_tokens(torch.cat(self.log_ratios).double(), self.ranks).exp()
         levels = torch.tensor([q for _, q in ROUND_RATIO_QUANTILES], dtype=torch.float64)
