@@ -391,3 +391,31 @@ def test_a_round_whose_window_holds_too_few_mixed_groups_is_widened_to_the_same_
         sample_round(
             hf_pool_config(tmp_path / "no.parquet", dataset=str(few), num_prompts=1, keep_groups=2), None
         )
+
+
+def test_a_sampler_warmed_before_its_first_round_samples_what_a_cold_one_does(hf_pool, tmp_path):
+    """The rounds' sampling process starts its engine while the run trains towards round 1
+    (`RemoteSampler.warm`): the round's pool is the one an engine started for it samples, and a warm-up
+    that fails is the next request's one line, not a lost answer."""
+    from conftest import hf_pool_config
+
+    from ggpo_offline.core.errors import UserError
+    from ggpo_offline.generate.resample import RemoteSampler
+
+    warmed = RemoteSampler(timeout_s=600)
+    try:
+        warmed.warm(hf_pool_config(tmp_path / "unused.parquet"))
+        sampled = warmed.sample(hf_pool_config(tmp_path / "round.parquet")).path
+    finally:
+        warmed.close()
+    columns = ["group_id", "prompt_token_ids", "response_token_ids", "reward"]
+    assert pq.read_table(sampled, columns=columns).equals(pq.read_table(hf_pool, columns=columns))
+    assert not (tmp_path / "unused.parquet").exists()
+
+    failing = RemoteSampler(timeout_s=600)
+    try:
+        failing.warm(hf_pool_config(tmp_path / "unused.parquet", dataset="arith:nosuchsplit"))
+        with pytest.raises(UserError, match="nosuchsplit"):
+            failing.sample(hf_pool_config(tmp_path / "round.parquet"))
+    finally:
+        failing.close()

@@ -36,6 +36,7 @@ class RemoteWorker:
         )
         self._process.start()
         child_end.close()
+        self._unanswered: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -56,10 +57,26 @@ class RemoteWorker:
     def ask(self, request: tuple, doing: str):
         """The handler's answer to ``request``, waiting at most ``timeout_s``; ``doing`` names it in a
         failure's line."""
+        self.send(request, doing)
+        return self._answer(doing)
+
+    def send(self, request: tuple, doing: str) -> None:
+        """Send ``request`` without waiting: the process works on it while this one goes on. Its answer is
+        read (and a failure raised) before the next request's."""
+        self._collect()
         try:
             self._conn.send(request)
         except OSError:  # the process is gone and its end of the pipe with it
             raise self._died(doing) from None
+        self._unanswered = doing
+
+    def _collect(self) -> None:
+        doing, self._unanswered = self._unanswered, None
+        if doing is not None:
+            self._answer(doing)
+
+    def _answer(self, doing: str):
+        self._unanswered = None
         deadline = time.monotonic() + self.timeout_s
         while not self._conn.poll(POLL_S):
             if not self._process.is_alive():

@@ -167,12 +167,9 @@ def _generate_pool(
     stopwatch: Stopwatch,
 ) -> Path:
     check_output_path(out, config.overwrite)  # before any slow work; held: an earlier holder may have ended
-    problems, dataset_meta = load_dataset(config.dataset, **dataset_kwargs(config))
-    rule = dataset_answer_rule(config.dataset, config.columns.answer_rule, problems)
     model_dir = resolve_model_dir(config.model)
-    tokenizer = load_tokenizer(model_dir)
-    template = resolve_template(tokenizer, config.template)
-    prompts = _shard_prompts(config, problems, tokenizer, template, model_dir)
+    problems, dataset_meta, tokenizer, template, prompts = _encoded(config, model_dir)
+    rule = dataset_answer_rule(config.dataset, config.columns.answer_rule, problems)
 
     identity = {"weights_sha256": weights_sha256(model_dir), "tokenizer_sha256": tokenizer_sha256(tokenizer)}
     settings = _run_settings(config, identity, dataset_meta, template, rule)
@@ -197,6 +194,16 @@ def _generate_pool(
     finally:
         if owns_engine:
             engine.close()
+
+
+def _encoded(config: GenerateConfig, model_dir: Path) -> tuple[list[Problem], dict, object, str, "_Prompts"]:
+    """The dataset of ``config`` (its problems and metadata), ``model_dir``'s tokenizer and template, and
+    the prompts this shard samples."""
+    problems, dataset_meta = load_dataset(config.dataset, **dataset_kwargs(config))
+    tokenizer = load_tokenizer(model_dir)
+    template = resolve_template(tokenizer, config.template)
+    prompts = _shard_prompts(config, problems, tokenizer, template, model_dir)
+    return problems, dataset_meta, tokenizer, template, prompts
 
 
 @dataclass(frozen=True)
@@ -278,6 +285,13 @@ class KeptEngine:
             self.engine.load_weights(model_dir)
         self.model_dir = model_dir
         return self.engine
+
+    def warm(self, config: GenerateConfig) -> None:
+        """Start the engine and the reward workers that ``config``'s pool needs before it is asked for; a
+        later pool's weights replace its model's in place."""
+        model_dir = resolve_model_dir(config.model)
+        self.for_pool(config, model_dir, _encoded(config, model_dir)[-1].max_model_len)
+        self.scorer(config)
 
     def scorer(self, config: GenerateConfig) -> RewardScorer:
         """The reward workers of ``config``'s pool: the kept ones, unless its worker settings differ."""

@@ -47,6 +47,10 @@ class PromptSource:
     def dataset(self) -> str:
         return self.settings.get("dataset", GenerateConfig.dataset)
 
+    @property
+    def engine(self) -> str:
+        return self.settings.get("engine", GenerateConfig.engine)
+
     def round_config(
         self,
         model: Path,
@@ -162,7 +166,12 @@ class LocalSampler:
         """The pool of ``config`` written (`sample_round`)."""
         return sample_round(config, self.engine)
 
-    def answer(self, kind: str, config: GenerateConfig) -> "SampledRound":
+    def warm(self, config: GenerateConfig) -> None:
+        """Nothing: in the asking process an engine started early would only start sooner, not alongside."""
+
+    def answer(self, kind: str, config: GenerateConfig) -> "SampledRound | None":
+        if kind == "warm":
+            return self.engine.warm(config)
         return self.sample(config)
 
     def close(self) -> None:
@@ -179,6 +188,11 @@ class RemoteSampler:
     def sample(self, config: GenerateConfig) -> "SampledRound":
         """The pool of ``config`` written (`sample_round`)."""
         return self._worker.ask(("generate", config), f"sampling {Path(config.out).name}")
+
+    def warm(self, config: GenerateConfig) -> None:
+        """Start the engine and reward workers of ``config``'s pool (`KeptEngine.warm`) while this process
+        goes on; the next request waits for them."""
+        self._worker.send(("warm", config), "starting its engine")
 
     def close(self) -> None:
         self._worker.close()

@@ -2,6 +2,7 @@
 checkpoint that starts it (or read), its minibatches, its π_ref and behavior log-probs, and its mismatch
 measured on the sampling policy before any update on it."""
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,8 @@ from ggpo_offline.train.run_inputs import Fingerprints, RunInputs, score_pi0
 from ggpo_offline.train.update_metrics import RoundMismatch
 
 if TYPE_CHECKING:
-    from ggpo_offline.generate.resample import SampledRound
+    from ggpo_offline.generate.config import GenerateConfig
+    from ggpo_offline.generate.resample import LocalSampler, RemoteSampler, SampledRound
 
 
 class RunRounds:
@@ -62,7 +64,8 @@ class RunRounds:
         self.starts = [r.start for r in self.records] if self.replay else self.schedule.starts
         sampled = range(1, 1 if self.replay else len(self.starts))  # a replay samples none
         self.samplers = {self.schedule.version(index) for index in sampled}
-        self._sampler = None
+        self._sampler: LocalSampler | RemoteSampler | None = None
+        self._warm()
 
     # -- the schedule -------------------------------------------------------------------------------
     def starts_round(self, update: int) -> bool:
@@ -150,15 +153,32 @@ class RunRounds:
         return self.dir / f"round-{index:04d}.parquet"
 
     def _sample(self, index: int, first_prompt: int, sampler: Path, path: Path) -> "SampledRound":
-        from ggpo_offline.generate.resample import round_sampler
+        return self._round_sampler().sample(self._round_config(index, first_prompt, sampler, path))
 
+    def _round_config(self, index: int, first_prompt: int, sampler: Path, path: Path) -> "GenerateConfig":
         groups = self.schedule.sampled_groups(index, self.config.groups_per_batch)
-        config = self.inputs.prompt_source.round_config(
+        return self.inputs.prompt_source.round_config(
             sampler, first_prompt, groups, path, self._mixed_rate(), self.schedule.version(index)
         )
+
+    def _round_sampler(self) -> "LocalSampler | RemoteSampler":
+        from ggpo_offline.generate.resample import round_sampler
+
         if self._sampler is None:
-            self._sampler = round_sampler(config.engine, self.timeouts.solo)
-        return self._sampler.sample(config)
+            self._sampler = round_sampler(self.inputs.prompt_source.engine, self.timeouts.solo)
+        return self._sampler
+
+    def _warm(self) -> None:
+        """Start the engine of the next round to sample while the updates before it run (vLLM's start took
+        an N = 1 run 11 s of its 128 here): on π0's weights, at the dtype that the learner's float32
+        checkpoints give it, which the sampler's weights then replace in place, as every later round's."""
+        index = len(self.records)
+        if self.replay or index >= len(self.starts) or not self.ranks.main:
+            return
+        config = self._round_config(index, self.records[-1].next_prompt, self.inputs.model_dir, self.dir)
+        if config.dtype == "auto":
+            config = dataclasses.replace(config, dtype="float32")
+        self._round_sampler().warm(config)
 
     def _assemble(self, update: int, out: Path) -> None:
         """--lag mixed: ``update``'s round from one G/K share of each version 1..K updates before it
