@@ -233,7 +233,7 @@ def test_off_policy_steps_refusals_are_one_line(hf_pool, tmp_path):
             ["--sync-every", "1", "--off-policy-steps", "4"],
             "--off-policy-steps must be in 0..3 (--updates - 1)",
         ),
-        (["--sync-every", "1", "--off-policy-steps", "-1"], "--off-policy-steps must be in 0..3"),
+        (["--sync-every", "1", "--off-policy-steps", "-1"], "--off-policy-steps must be >= 0, got -1"),
     ]:
         out = tmp_path / "run"
         assert_one_error_line(ggpo_here(*base, "--out", str(out), *flags), words)

@@ -61,9 +61,9 @@ def test_a_setting_the_learner_does_not_read_is_not_range_checked():
 
 def test_the_evaluation_refuses_its_own_bad_values_and_the_test_split():
     assert _refused(TrainingEvalConfig, eval_n=0) == "--eval-n must be >= 1, got 0"
-    assert _refused(TrainingEvalConfig, eval_ks=(1, 0)) == "--eval-k values must be >= 1"
+    assert _refused(TrainingEvalConfig, eval_ks=(1, 0)) == "--eval-k values must be >= 1, got 0"
     assert _refused(TrainingEvalConfig, eval_gpu_memory_fraction=1.0) == (
-        "eval_gpu_memory_fraction must be between 0 and 1"
+        "--eval-gpu-memory-fraction must be in (0, 1), got 1.0"
     )
     assert (
         _refused(TrainingEvalConfig, eval_engine="tgi")
@@ -121,10 +121,8 @@ def test_to_flags_writes_a_config_whose_settings_are_valid_only_together():
 
 def test_train_options_refuse_a_bad_value_at_construction():
     assert _refused(TrainOptions, nproc=0) == "--nproc must be >= 1, got 0"
-    assert (
-        _refused(TrainOptions, collective_timeout=0.0) == "--collective-timeout must be > 0 seconds, got 0.0"
-    )
-    assert _refused(TrainOptions, wait_timeout=-1.0) == "--wait-timeout must be > 0 seconds, got -1.0"
+    assert _refused(TrainOptions, collective_timeout=0.0) == "--collective-timeout must be > 0, got 0.0"
+    assert _refused(TrainOptions, wait_timeout=-1.0) == "--wait-timeout must be > 0, got -1.0"
 
 
 def test_an_impossible_compare_is_refused_at_construction(tmp_path):
@@ -143,10 +141,7 @@ def test_an_impossible_compare_is_refused_at_construction(tmp_path):
         _refused(CompareConfig, budget_from=tmp_path)
         == "--budget-from needs --budget (core-minutes to spend)"
     )
-    assert (
-        _refused(CompareConfig, budget=0.0, budget_from=tmp_path)
-        == "--budget must be > 0 core-minutes, got 0"
-    )
+    assert _refused(CompareConfig, budget=0.0, budget_from=tmp_path) == "--budget must be > 0, got 0.0"
     assert _refused(ArcConfig, methods=("grpo",), parts=("p",), seeds=(1,)) == (
         "--styles-seed 42 is not one of --seeds 1"
     )
@@ -161,3 +156,130 @@ def test_the_command_line_prints_the_constructors_line(tmp_path):
     )
     refused = ggpo_here("compare", "--seeds", "1,1", "--dry-run", cwd=tmp_path)
     assert_one_error_line(refused, "a seed is listed twice")
+
+
+def _settings_classes() -> list[type]:
+    """Every settings dataclass of the package: a dataclass with a field made by `setting`."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import ggpo_offline
+
+    found = {}
+    for module in pkgutil.walk_packages(ggpo_offline.__path__, "ggpo_offline."):
+        for value in vars(importlib.import_module(module.name)).values():
+            ours = isinstance(value, type) and value.__module__ == module.name
+            if ours and dataclasses.is_dataclass(value):
+                if any("help" in field.metadata for field in dataclasses.fields(value)):
+                    found[f"{value.__module__}.{value.__qualname__}"] = value
+    return [found[name] for name in sorted(found)]
+
+
+SETTINGS_CLASSES = _settings_classes()
+MEANINGFUL = {"methods": ("grpo",), "format": "generic"}
+"""Required settings whose value must name something real (a learner, an import format)."""
+
+
+def _required(cls: type) -> dict:
+    """A value for each required setting of ``cls``: one that builds."""
+    import dataclasses
+    import typing
+
+    from ggpo_offline.core.settings import choices, type_of
+
+    values = {}
+    for field in dataclasses.fields(cls):
+        if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING:
+            continue
+        hint = type_of(cls, field.name)
+        if field.name in MEANINGFUL:
+            values[field.name] = MEANINGFUL[field.name]
+        elif choices(cls, field.name):
+            values[field.name] = choices(cls, field.name)[0]
+        elif typing.get_origin(hint) is tuple:
+            values[field.name] = ("x",)
+        else:
+            values[field.name] = Path("x") if hint is Path else "x"
+    return values
+
+
+def _reader(cls: type, name: str) -> dict:
+    """For a learner's setting of TrainConfig, a method that reads it (one that does not leaves it unused)."""
+    from ggpo_offline.train.learners import LEARNERS, SETTINGS
+
+    if cls is not TrainConfig or name not in SETTINGS:
+        return {}
+    return {"method": next(method for method, entry in LEARNERS.items() if entry.reads(name))}
+
+
+def _own_settings(cls: type) -> list[str]:
+    return [name for name, (owner, _) in leaves(cls).items() if owner is cls]
+
+
+@pytest.mark.parametrize("cls", SETTINGS_CLASSES, ids=lambda cls: cls.__name__)
+def test_every_setting_is_refused_just_outside_its_declared_range_where_it_is_built(cls):
+    """Walks each settings dataclass: it builds from its defaults; each number setting declares a range
+    (a new one without one fails here) and is refused, naming its flag, just outside each end, and as a
+    number of the wrong kind; each setting with choices refuses a value that is none of them."""
+    from ggpo_offline.core.settings import choices, element_type, flag_name, number_kind, valid_range
+
+    required = _required(cls)
+    cls(**required)
+    for name in _own_settings(cls):
+        flag, kind = flag_name(cls, name), number_kind(cls, name)
+        wrapped = (lambda value: (value,)) if element_type(cls, name) else (lambda value: value)
+        given = {**required, **_reader(cls, name)}
+        if choices(cls, name):
+            assert _refused(cls, **{**given, name: wrapped("nope")}).startswith(f"unknown --{flag} 'nope'")
+        if kind is None:
+            continue
+        valid = valid_range(cls, name)
+        assert valid is not None, f"{cls.__name__}.{name} is a number setting without a declared range"
+        for value in valid.outside(whole=kind is int):
+            refused = _refused(cls, **{**given, name: wrapped(value)})
+            assert refused.startswith(f"--{flag}") and f"got {value}" in refused, (name, value, refused)
+        wrong_kind = 1.5 if kind is int else "1"
+        assert f"must be {'a ' if not element_type(cls, name) else ''}" in _refused(
+            cls, **{**given, name: wrapped(wrong_kind)}
+        )
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"method": "grpo", "dual_clip": 0.5}, "--dual-clip must be > 1, got 0.5"),
+        ({"method": "grpo", "clip_eps": -1.0}, "--clip-eps must be in (0, 1), got -1.0"),
+        ({"method": "grpo", "kl_coef": -1.0}, "--kl-coef must be >= 0, got -1.0"),
+        ({"method": "ggpo-clip", "clip": -1.0}, "--clip must be > 0, got -1.0"),
+        ({"method": "grpo-tis", "tis_cap": -1.0}, "--tis-cap must be > 0, got -1.0"),
+        ({"grad_clip": -1.0}, "--grad-clip must be > 0, got -1.0"),
+        ({"weight_decay": -5.0}, "--weight-decay must be >= 0, got -5.0"),
+        ({"adam_beta1": 2.0}, "--adam-beta1 must be in [0, 1), got 2.0"),
+        ({"adam_eps": -1.0}, "--adam-eps must be > 0, got -1.0"),
+        ({"seed": 1.5}, "--seed must be a whole number, got 1.5"),
+        ({"ref_refresh": 0}, "--ref-refresh must be >= 1 or 'never', got 0"),
+    ],
+)
+def test_the_values_a_train_config_once_accepted_are_refused_in_one_line(changes, message):
+    assert _refused(TrainConfig, **changes) == message
+
+
+def test_compare_arc_options_and_corrections_refuse_at_construction():
+    from typing import get_args
+
+    from ggpo_offline.train.config import Preset
+    from ggpo_offline.train.correction_presets import Correction
+    from ggpo_offline.train.training_presets import PRESETS
+
+    assert _refused(CompareConfig, settings={"lr": -1.0}) == "--lr must be > 0, got -1.0"
+    assert _refused(CompareConfig, settings={"bogus": 1}) == "the training settings: unknown setting 'bogus'"
+    assert _refused(CompareConfig, seeds=(1, -2)) == "--seeds values must be >= 0, got -2"
+    assert _refused(ArcConfig, methods=("grpo", "grpo"), parts=("a",)) == "a method is listed twice"
+    assert _refused(ArcConfig, methods=("nope",), parts=("a",)).startswith("unknown method 'nope'")
+    assert _refused(TrainOptions, preset="nope").startswith("unknown --preset 'nope'; choose one of")
+    assert tuple(PRESETS) == get_args(Preset)
+    with pytest.raises(ValueError, match="objective is one of ppo, "):
+        Correction(objective="nope")
+    with pytest.raises(ValueError, match="rejection statistic is one of k1, k2, k3, got 'k9'"):
+        Correction(rejections=(("token_k9", 2.0),))

@@ -72,7 +72,7 @@ SPECIAL = {
     "eval_gpu_memory_fraction": 0.6, "gpu_memory_fraction": 0.6, "eval_datasets": ("a.jsonl", "arith:train"),
     "datasets": ("a.jsonl", "arith:train"), "methods": ("grpo", "ggpo"), "seeds": (3, 5), "top_p": 0.5,
     "shard_index": 1, "num_shards": 3, "preset": "tiny", "sbatch": ("constraint=a100", "exclusive="),
-    "sync_every": 1, "off_policy_steps": 1,
+    "sync_every": 1, "off_policy_steps": 1, "adam_beta1": 0.8, "adam_beta2": 0.99, "clip_eps": 0.3,
 }  # fmt: skip
 
 
@@ -156,7 +156,9 @@ def test_to_flags_leaves_out_a_default_that_follows_the_method(method):
 def test_generate_config_round_trips_through_its_flags(monkeypatch, capsys):
     from ggpo_offline.generate import pipeline, shard_jobs
 
-    values = changed_values(GenerateConfig, skip=tuple(leaves(LaunchConfig)))
+    # --keep-groups needs one shard and the parallel sizes the vllm engine: their own round trip below.
+    apart = ("keep_groups", "tensor_parallel_size", "data_parallel_size")
+    values = changed_values(GenerateConfig, skip=(*leaves(LaunchConfig), *apart))
     sampling = SamplingSettings(**{f.name: values.pop(f.name) for f in fields(SamplingSettings)})
     columns = DatasetColumns(**{f.name: values.pop(f.name) for f in fields(DatasetColumns)})
     expected = GenerateConfig(**values, sampling=sampling, columns=columns)
@@ -168,6 +170,10 @@ def test_generate_config_round_trips_through_its_flags(monkeypatch, capsys):
     assert run_cli(monkeypatch, capsys, pipeline, "generate_pool", ["generate-pool", *flags]) == [expected]
     short = run_cli(monkeypatch, capsys, pipeline, "generate_pool", ["generate-pool", "-m", "4"])
     assert short == [GenerateConfig(sampling=SamplingSettings(m=4))]
+    parallel = GenerateConfig(tensor_parallel_size=2, data_parallel_size=3)
+    for config in (GenerateConfig(keep_groups=3), parallel):
+        flags = to_flags(config, GenerateConfig)
+        assert run_cli(monkeypatch, capsys, pipeline, "generate_pool", ["generate-pool", *flags]) == [config]
     # With --launcher slurm the shards are submitted as a job array (each task's --shard-index is its own).
     launch = {**changed_values(LaunchConfig), "sbatch": ("constraint=a100", "exclusive=")}
     on_slurm = construct(GenerateConfig, {**leaf_values(expected), **launch, "shard_index": 0})

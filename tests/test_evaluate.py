@@ -220,7 +220,7 @@ def test_bad_benchmark_lists_fail_before_any_model_is_loaded(tmp_path):
         evaluate(EvalConfig(datasets=specs, model=str(tmp_path / "no-model")))
     with pytest.raises(UserError, match="given twice"):
         evaluate(EvalConfig(datasets=("arith:test", "arith:test")))
-    with pytest.raises(UserError, match="-k values must be >= 1"):
+    with pytest.raises(UserError, match="--ks values must be >= 1, got -2"):
         evaluate(EvalConfig(ks=(1, -2)))
 
 
@@ -312,7 +312,7 @@ def test_eval_command_with_the_hf_engine(tmp_path):
 
 
 def test_eval_command_bad_flags_are_one_line(tmp_path):
-    assert_one_error_line(ggpo_here("eval", "-k", "0"), "-k values must be >= 1, got 0")
+    assert_one_error_line(ggpo_here("eval", "-k", "0"), "--ks values must be >= 1, got 0")
     assert_one_error_line(
         ggpo_here("eval", "--dataset", str(tmp_path / "none.jsonl")), "dataset file not found"
     )

@@ -84,7 +84,7 @@ def test_too_few_kept_groups_write_nothing_and_say_how_to_get_more(hf_pool, tmp_
 def test_keep_groups_and_first_prompt_are_checked_in_one_line(tmp_path):
     config = hf_pool_config(tmp_path / "pool.parquet")
     for changes, message in [
-        ({"keep_groups": 0}, "--keep-groups must be >= 1"),
+        ({"keep_groups": 0}, "--keep-groups must be >= 1, got 0"),
         ({"first_prompt": -1}, "--first-prompt must be >= 0, got -1"),
         (
             {"keep_groups": 4, "num_shards": 2},

@@ -11,7 +11,6 @@ from conftest import hf_pool_config
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import initial_model_dir, load_tokenizer
-from ggpo_offline.generate.config import validate_generate_config
 from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.generate.pipeline import generate_pool
 from ggpo_offline.generate.resample import prompt_source
@@ -125,6 +124,5 @@ def test_a_run_logs_its_pools_mismatch_at_update_0_and_its_rounds_keep_the_dose(
 
 
 def test_a_learner_temperature_out_of_range_is_refused_in_one_line(tmp_path):
-    config = hf_pool_config(tmp_path / "p.parquet", learner_temperature=0.0)
     with pytest.raises(UserError, match=r"^--learner-temperature must be > 0, got 0.0$"):
-        validate_generate_config(config)
+        hf_pool_config(tmp_path / "p.parquet", learner_temperature=0.0)

@@ -165,16 +165,16 @@ def test_merge_never_replaces_a_file_without_overwrite(tmp_path):
 
 
 def test_hf_engine_refuses_parallel_sizes(tmp_path):
-    from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
+    from ggpo_offline.generate.pipeline import GenerateConfig
 
     for sizes in ({"tensor_parallel_size": 2}, {"data_parallel_size": 2}):
-        config = GenerateConfig(engine="hf", out=tmp_path / "p.parquet", **sizes)
         with pytest.raises(
             UserError, match="--tensor-parallel-size and --data-parallel-size need --engine vllm"
         ):
-            generate_pool(config)
+            GenerateConfig(engine="hf", out=tmp_path / "p.parquet", **sizes)
     with pytest.raises(UserError, match=r"--shard-index must be in 0..1, got 2"):
-        generate_pool(GenerateConfig(engine="hf", out=tmp_path / "p.parquet", shard_index=2, num_shards=2))
+        GenerateConfig(engine="hf", out=tmp_path / "p.parquet", shard_index=2, num_shards=2)
+    assert not (tmp_path / "p.parquet").exists()
 
 
 @pytest.mark.vllm

@@ -241,7 +241,7 @@ def test_refusals_are_one_line_and_write_nothing(hf_pool, tmp_path):
         "".join(json.dumps({"problem": f"{n} + 1", "answer": str(n + 1)}) + "\n" for n in range(3))
     )
     cases = [
-        (["--sync-every", "0"], "--sync-every must be in 1..4 (--updates), got 0"),
+        (["--sync-every", "0"], "--sync-every must be >= 1, got 0"),
         (["--sync-every", "5"], "--sync-every must be in 1..4 (--updates), got 5"),
         (["--behavior-logprobs", "learner"], "give --sync-every"),
         (["--sync-every", "1", "--sync-dataset", str(few)], f"but {few} has 3 after prompt 0"),

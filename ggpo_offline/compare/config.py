@@ -5,10 +5,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.core.settings import setting
+from ggpo_offline.core.settings import above, at_least, check_settings, normalize, setting, value_problem
 from ggpo_offline.generate.engines.base import EngineName
 from ggpo_offline.jobs.config import LaunchConfig
-from ggpo_offline.train.config import PER_RUN
+from ggpo_offline.train.config import PER_RUN, Preset, TrainConfig
 from ggpo_offline.train.learners import learner
 
 DEFAULT_METHODS = ("grpo", "grpo-tis", "agro", "ggpo")
@@ -27,14 +27,25 @@ CEILINGS_HELP = (
 )
 
 
+def check_methods_and_seeds(methods: tuple[str, ...], seeds: tuple[int, ...]) -> None:
+    """Refuse an unknown learner, an empty list or one that names a method or seed twice, with one line."""
+    for method in methods:
+        learner(method)  # UnknownMethod names the choices
+    if not methods or not seeds:
+        raise UserError("give at least one method and one seed")
+    for name, values in (("method", methods), ("seed", seeds)):
+        if len(set(values)) != len(values):
+            raise UserError(f"a {name} is listed twice")
+
+
 @dataclass(frozen=True)
 class CompareConfig:
     """What ``ggpo compare`` runs and where it writes."""
 
     pool: Path = setting(Path("pools/base.parquet"), "Pool every run replays.")
     methods: tuple[str, ...] = setting(DEFAULT_METHODS, "Comma-separated learners.")
-    seeds: tuple[int, ...] = setting(DEFAULT_SEEDS, "Comma-separated training seeds.")
-    preset: str | None = setting(None, "Training preset of every run: paper-offline, tiny or arc.")
+    seeds: tuple[int, ...] = setting(DEFAULT_SEEDS, "Comma-separated training seeds.", valid=at_least(0))
+    preset: Preset | None = setting(None, "Training preset of every run: paper-offline, tiny or arc.")
     config_file: Path | None = setting(
         None, "TOML/YAML/JSON file of training settings shared by all runs.", flag="config"
     )
@@ -48,6 +59,7 @@ class CompareConfig:
         "Core-minutes to spend (the runs' times on one core, summed): choose the seeds (--seeds first, then "
         "1, 2, ...) and the evaluation problems and samples not given that detect the smallest difference, "
         "projected from --budget-from.",
+        valid=above(0),
     )
     budget_from: Path | None = setting(
         None, "A previous compare's report folder: its validation variance split and its runs' times."
@@ -61,28 +73,27 @@ class CompareConfig:
         1,
         "local: runs trained at once, each by a worker pinned to its share of the cores (and of the GPUs: "
         "--nproc each) that keeps its engine from one run to the next.",
+        valid=at_least(1),
     )
-    nproc: int = setting(1, "Processes per run (torchrun: DDP, or FSDP2 with --fsdp), on one node.")
+    nproc: int = setting(
+        1, "Processes per run (torchrun: DDP, or FSDP2 with --fsdp), on one node.", valid=at_least(1)
+    )
     launch: LaunchConfig = setting(default_factory=LaunchConfig)
     """Where the runs run (its fields are this config's settings: ``launcher``, ``partition``, ...)."""
 
     def __post_init__(self) -> None:
+        check_settings(self)
         self._check_budget()
-        for name in ("jobs", "nproc"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.jobs > 1 and self.launch.launcher == "slurm":
             raise UserError("--jobs is for --launcher local: on Slurm every run is a task of its own")
-        for method in self.methods:
-            learner(method)  # UnknownMethod names the choices
-        if not self.methods or not self.seeds:
-            raise UserError("give at least one method and one seed")
-        for name, values in (("method", self.methods), ("seed", self.seeds)):
-            if len(set(values)) != len(values):
-                raise UserError(f"a {name} is listed twice")
+        check_methods_and_seeds(self.methods, self.seeds)
         chosen = [key for key in PER_RUN if key in self.settings]
         if chosen:
             raise UserError(f"compare chooses {', '.join(chosen)} for each run; remove it from the settings")
+        for name, value in normalize(TrainConfig, self.settings, "the training settings").items():
+            problem = value_problem(TrainConfig, name, value)
+            if problem is not None:
+                raise UserError(problem)
 
     def _check_budget(self) -> None:
         """A budget is spent by projecting an earlier compare (`budgeted`): the two come together."""
@@ -94,8 +105,6 @@ class CompareConfig:
             raise UserError(
                 "--budget needs --budget-from, a compare report whose variance and times it projects"
             )
-        if self.budget <= 0:
-            raise UserError(f"--budget must be > 0 core-minutes, got {self.budget:g}")
 
     @property
     def report_dir(self) -> Path:
@@ -108,19 +117,25 @@ class ArcConfig:
 
     methods: tuple[str, ...] = setting(help="Comma-separated learners of the arc, in the report's order.")
     parts: tuple[str, ...] = setting(help="Comma-separated compare report folders holding the runs.")
-    seeds: tuple[int, ...] = setting(DEFAULT_SEEDS, "Comma-separated training seeds.")
+    seeds: tuple[int, ...] = setting(DEFAULT_SEEDS, "Comma-separated training seeds.", valid=at_least(0))
     ablations: Path | None = setting(
         None, "Folder of compare reports, one per ablation setting, each beside the default runs."
     )
     ceilings: Path | None = setting(None, CEILINGS_HELP)
-    styles_seed: int = setting(42, "Seed whose runs are measured with measure-styles along the arc.")
-    styles_problems: int = setting(128, "Validation problems of each measure-styles (x 8 samples).")
+    styles_seed: int = setting(
+        42, "Seed whose runs are measured with measure-styles along the arc.", valid=at_least(0)
+    )
+    styles_problems: int = setting(
+        128, "Validation problems of each measure-styles (x 8 samples).", valid=at_least(1)
+    )
     styles_engine: EngineName = setting(
         "vllm", "Engine that samples the style measures: one engine serves every checkpoint (hf: generate)."
     )
     out: Path = setting(Path("reports/arc"), "Report folder.")
 
     def __post_init__(self) -> None:
+        check_settings(self)
+        check_methods_and_seeds(self.methods, self.seeds)
         if self.styles_seed not in self.seeds:  # else no run to measure, and styles_along has no records
             raise UserError(
                 f"--styles-seed {self.styles_seed} is not one of --seeds {','.join(map(str, self.seeds))}"
@@ -140,6 +155,9 @@ class LadderConfig:
     )
     out: Path = setting(Path("reports/ladder"), "Report folder.")
 
+    def __post_init__(self) -> None:
+        check_settings(self)
+
 
 @dataclass(frozen=True)
 class RegimesConfig:
@@ -152,6 +170,9 @@ class RegimesConfig:
     baseline: str = setting("grpo", "The method without a correction that every other is set against.")
     out: Path = setting(Path("reports/regimes"), "Report folder.")
 
+    def __post_init__(self) -> None:
+        check_settings(self)
+
 
 @dataclass(frozen=True)
 class TuneConfig:
@@ -163,6 +184,9 @@ class TuneConfig:
     )
     out: Path = setting(Path("reports/tuning"), "Report folder.")
 
+    def __post_init__(self) -> None:
+        check_settings(self)
+
 
 @dataclass(frozen=True)
 class RefreshConfig:
@@ -170,3 +194,6 @@ class RefreshConfig:
 
     folder: Path = setting(help="Report folder written by ggpo compare, arc-report or tune-report.")
     ceilings: Path | None = setting(None, CEILINGS_HELP + " Needed when the folder has a ceilings.md.")
+
+    def __post_init__(self) -> None:
+        check_settings(self)

@@ -16,6 +16,53 @@ FLAG_SOURCE = "flags"
 _LIST_WORDS = {int: "whole numbers", float: "numbers", str: "names"}
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The valid values of a number setting (of each item of a tuple setting): from ``low`` to ``high``
+    (None: unbounded), an end left out where it is open."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def admits(self, value: float) -> bool:
+        low, high = self.low, self.high
+        above = low is None or (value > low if self.low_open else value >= low)
+        return above and (high is None or (value < high if self.high_open else value <= high))
+
+    def outside(self, whole: bool) -> list[float]:
+        """The values just outside it: an open end itself, else one step past it (1 for a whole number,
+        1e-9 otherwise)."""
+        step = 1 if whole else 1e-9
+        values = []
+        if self.low is not None:
+            values.append(self.low if self.low_open else self.low - step)
+        if self.high is not None:
+            values.append(self.high if self.high_open else self.high + step)
+        return values
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        opening, closing = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"in {opening}{self.low:g}, {self.high:g}{closing}"
+
+
+def at_least(low: float) -> Range:
+    return Range(low)
+
+
+def above(low: float) -> Range:
+    return Range(low, low_open=True)
+
+
+FRACTION = Range(0, 1, low_open=True)
+"""A share: in (0, 1]."""
+
+
 def setting(
     default=MISSING,
     help: str = "",
@@ -23,15 +70,18 @@ def setting(
     short: str | None = None,
     none_word: str | None = None,
     repeat: bool = False,
+    valid: Range | None = None,
     default_factory=MISSING,
 ):
     """A settings-dataclass field with its help text, the one description its flag, config-file key and
     reproduce command share. ``flag``: the flag's name when it is not the field's (``eval-dataset`` for
     ``eval_datasets``); ``short``: a one-letter alias (``m``); ``none_word``: how None is spelled in flags
     and files (``never``, ``full``); ``repeat``: a tuple setting's flag is given once per item (``--dataset
-    a --dataset b``) instead of once with comma-separated items. A field without a default is a required
-    flag."""
-    metadata = {"help": help, "flag": flag, "short": short, "none_word": none_word, "repeat": repeat}
+    a --dataset b``) instead of once with comma-separated items; ``valid``: a number setting's range
+    (`check_settings`; every number setting declares one). A field without a default is a required flag."""
+    metadata = {
+        "help": help, "flag": flag, "short": short, "none_word": none_word, "repeat": repeat, "valid": valid,
+    }  # fmt: skip
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -107,17 +157,67 @@ def element_type(cls: type, name: str) -> type | None:
     return typing.get_args(hint)[0] if typing.get_origin(hint) is tuple else None
 
 
-def check_choices(config) -> None:
-    """Refuse a ``Literal`` setting's value outside its choices, with one line naming the flag and them.
-    Each settings dataclass calls this once, from ``__post_init__``."""
+def valid_range(cls: type, name: str) -> Range | None:
+    """The declared range of a number setting (None for any other)."""
+    return field_of(cls, name).metadata.get("valid")
+
+
+def number_kind(cls: type, name: str) -> type | None:
+    """int or float for a number setting (of its items, for a tuple of numbers); None for any other."""
+    kinds = [element_type(cls, name)] if element_type(cls, name) else alternatives(type_of(cls, name))
+    numbers = [kind for kind in kinds if kind in (int, float)]
+    return numbers[0] if numbers else None
+
+
+def value_problem(cls: type, name: str, value) -> str | None:
+    """What is wrong with ``value`` for setting ``name``, as the one line the CLI prints: a choice that is
+    not one, a number of the wrong kind or outside the declared range; None when nothing is."""
+    flag, allowed = flag_name(cls, name), choices(cls, name)
+    if value is None or (isinstance(value, str) and value in allowed):
+        return None
+    if allowed and isinstance(value, str):
+        return f"unknown --{flag} {value!r}; choose one of {', '.join(str(choice) for choice in allowed)}"
+    kind, valid = number_kind(cls, name), valid_range(cls, name)
+    if kind is None:
+        return None
+    many = element_type(cls, name) is not None
+    items, what = (value, " values") if many else ((value,), "")
+    for item in items:
+        wrong_kind = isinstance(item, bool) or not isinstance(item, int if kind is int else (int, float))
+        if wrong_kind:
+            noun = (
+                ("whole numbers" if many else "a whole number")
+                if kind is int
+                else "numbers"
+                if many
+                else "a number"
+            )
+            return f"--{flag}{what} must be {noun}, got {item!r}"
+        if valid is not None and not valid.admits(item):
+            word = none_word(cls, name)
+            return f"--{flag}{what} must be {valid}{f' or {word!r}' if word else ''}, got {item}"
+    return None
+
+
+def check_settings(config, skip: tuple[str, ...] = ()) -> None:
+    """Refuse, with one line, the first setting of ``config`` (in declaration order) whose value is not
+    one of its choices, not of its number kind or outside its declared range (`value_problem`); ``skip``:
+    settings left unchecked (a learner's that the method does not read). Each settings dataclass calls
+    this from ``__post_init__``, before its own relations between settings."""
     cls = type(config)
     for name, (owner, _) in leaves(cls).items():
-        if owner is not cls:
+        if owner is not cls or name in skip:
             continue  # a nested settings dataclass checks its own
-        allowed, value = choices(cls, name), getattr(config, name)
-        if allowed and isinstance(value, str) and value not in allowed:
-            shown = ", ".join(str(choice) for choice in allowed)
-            raise UserError(f"unknown --{flag_name(cls, name)} {value!r}; choose one of {shown}")
+        problem = value_problem(cls, name, getattr(config, name))
+        if problem is not None:
+            raise UserError(problem)
+
+
+def check_relations(checks: list[tuple[bool, str]]) -> None:
+    """Refuse with the message of the first relation between settings that does not hold."""
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)
 
 
 def normalize(cls: type, values: dict, where: str) -> dict:

@@ -4,8 +4,15 @@ the engines or polars."""
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggpo_offline.core.errors import UserError
-from ggpo_offline.core.settings import check_choices, setting
+from ggpo_offline.core.settings import (
+    FRACTION,
+    Range,
+    above,
+    at_least,
+    check_relations,
+    check_settings,
+    setting,
+)
 from ggpo_offline.generate.datasets import DatasetColumns
 from ggpo_offline.generate.engines.base import Dtype, EngineName
 from ggpo_offline.generate.prompts import Template
@@ -35,18 +42,36 @@ class EvalConfig:
     )
     columns: DatasetColumns = setting(default_factory=DatasetColumns)
     num_problems: int | None = setting(
-        None, f"Problems per benchmark [default: arith {DEFAULT_ARITH_PROBLEMS}, files all rows]."
+        None,
+        f"Problems per benchmark [default: arith {DEFAULT_ARITH_PROBLEMS}, files all rows].",
+        valid=at_least(1),
     )
-    n: int = setting(32, "Responses per problem (the n of mean@n, pass@k).", flag="num-samples", short="n")
+    n: int = setting(
+        32,
+        "Responses per problem (the n of mean@n, pass@k).",
+        flag="num-samples",
+        short="n",
+        valid=at_least(1),
+    )
     ks: tuple[int, ...] = setting(
-        DEFAULT_KS, "Comma-separated k of pass@k (k > n is skipped).", flag="ks", short="k"
+        DEFAULT_KS,
+        "Comma-separated k of pass@k (k > n is skipped).",
+        flag="ks",
+        short="k",
+        valid=at_least(1),
     )
     pool: Path | None = setting(None, "Take sampling settings, prompt template and dtype from this pool.")
-    temperature: float | None = setting(None, "Sampling temperature [default: the pool's, else 1.0].")
-    top_p: float | None = setting(None, "Nucleus threshold [default: the pool's, else 1.0 = off].")
-    top_k: int | None = setting(None, "Top-k [default: the pool's, else 0 = off].")
-    max_tokens: int | None = setting(None, "Response length limit [default: the pool's, else 384].")
-    seed: int = setting(0, "Global sampling seed (each problem derives its own).")
+    temperature: float | None = setting(
+        None, "Sampling temperature [default: the pool's, else 1.0].", valid=above(0)
+    )
+    top_p: float | None = setting(
+        None, "Nucleus threshold [default: the pool's, else 1.0 = off].", valid=FRACTION
+    )
+    top_k: int | None = setting(None, "Top-k [default: the pool's, else 0 = off].", valid=at_least(0))
+    max_tokens: int | None = setting(
+        None, "Response length limit [default: the pool's, else 384].", valid=at_least(1)
+    )
+    seed: int = setting(0, "Global sampling seed (each problem derives its own).", valid=at_least(0))
     template: Template | None = setting(
         None, "Prompt format: auto, chat or plain [default: the pool's, else auto]."
     )
@@ -54,19 +79,29 @@ class EvalConfig:
     dtype: Dtype | None = setting(
         None, "Engine dtype: auto, float32, bfloat16, float16 [default: the pool's, else auto]."
     )
-    reward_workers: int = setting(2, "Worker processes for math-verify (0 = in-process).")
+    reward_workers: int = setting(2, "Worker processes for math-verify (0 = in-process).", valid=at_least(0))
     reward_timeout_s: float = setting(
-        5.0, "Time limit of one response's scoring in seconds; past it the response scores 0."
+        5.0,
+        "Time limit of one response's scoring in seconds; past it the response scores 0.",
+        valid=above(0),
     )
-    batch_prompts: int = setting(256, "Problems per engine call.")
+    batch_prompts: int = setting(256, "Problems per engine call.", valid=at_least(1))
     gpu_memory_fraction: float | None = setting(
-        None, "vLLM's share of the GPU when it shares it with a learner [default: vLLM's, 0.9]."
+        None,
+        "vLLM's share of the GPU when it shares it with a learner [default: vLLM's, 0.9].",
+        valid=FRACTION,
     )
     out: Path | None = setting(None, "Write the JSON report (per-problem counts included) here.")
     overwrite: bool = setting(False, "Replace an existing --out file.")
 
     def __post_init__(self) -> None:
-        check_choices(self)
+        check_settings(self)
+        check_relations(
+            [
+                (len(self.datasets) > 0, "give at least one --dataset"),
+                (len(set(self.datasets)) == len(self.datasets), "a --dataset is given twice"),
+            ]
+        )
 
 
 @dataclass(frozen=True)
@@ -78,6 +113,7 @@ class TrainingEvalConfig:
         None,
         "Evaluate at update 0, every N updates and at the end with ggpo eval's protocol on the saved "
         "checkpoint (the pool's sampling settings and dtype) [default: no evaluation].",
+        valid=at_least(1),
     )
     eval_datasets: tuple[str, ...] = setting(
         VALIDATION_DATASETS,
@@ -96,6 +132,7 @@ class TrainingEvalConfig:
     test_num_problems: int | None = setting(
         None,
         "Problems per test benchmark (arith: drawn; files: the first N rows) [default: --eval-num-problems].",
+        valid=at_least(1),
     )
     no_test: bool = setting(
         False,
@@ -106,47 +143,40 @@ class TrainingEvalConfig:
         "Let --eval-dataset name a test split (arith:test). The in-training evaluation chooses the reported "
         "checkpoint, so by default it may not see test.",
     )
-    eval_n: int = setting(32, "Responses sampled per evaluation problem (paper: 32).")
+    eval_n: int = setting(32, "Responses sampled per evaluation problem (paper: 32).", valid=at_least(1))
     eval_ks: tuple[int, ...] = setting(
         DEFAULT_KS,
         "Comma-separated k of the logged pass@k (those above --eval-n are skipped).",
         flag="eval-k",
+        valid=at_least(1),
     )
     eval_num_problems: int | None = setting(
-        None, "Problems per evaluation benchmark (arith: drawn; files: the first N rows) [default: all]."
+        None,
+        "Problems per evaluation benchmark (arith: drawn; files: the first N rows) [default: all].",
+        valid=at_least(1),
     )
     eval_engine: EngineName = setting("vllm", "Evaluation engine: vllm or hf.")
     eval_seed: int = setting(
-        0, "Evaluation sampling seed, the same at every update (only the weights change)."
+        0,
+        "Evaluation sampling seed, the same at every update (only the weights change).",
+        valid=at_least(0),
     )
     eval_gpu_memory_fraction: float = setting(
-        0.3, "On a GPU, the share of its memory the evaluation's vLLM engine may take beside the learner."
+        0.3,
+        "On a GPU, the share of its memory the evaluation's vLLM engine may take beside the learner.",
+        valid=Range(0, 1, low_open=True, high_open=True),
     )
 
     def __post_init__(self) -> None:
-        check_choices(self)
-        for ok, message in self._checks():
-            if not ok:
-                raise UserError(message)
+        check_settings(self)
+        check_relations(self._relations())
 
-    def _checks(self) -> list[tuple[bool, str]]:
-        """The ranges, then the held-out rule: the test split stays out of what chooses, since the
-        in-training evaluation selects the reported checkpoint."""
+    def _relations(self) -> list[tuple[bool, str]]:
+        """The held-out rule: the test split stays out of what chooses, since the in-training evaluation
+        selects the reported checkpoint."""
         held_out = (*HELD_OUT_SPLITS, *self.test_datasets)
         on_test = [spec for spec in self.eval_datasets if spec in held_out]
         return [
-            (self.eval_every is None or self.eval_every >= 1, "--eval-every must be >= 1"),
-            (self.eval_n >= 1, f"--eval-n must be >= 1, got {self.eval_n}"),
-            (0 < self.eval_gpu_memory_fraction < 1, "eval_gpu_memory_fraction must be between 0 and 1"),
-            (all(k >= 1 for k in self.eval_ks), "--eval-k values must be >= 1"),
-            (
-                self.eval_num_problems is None or self.eval_num_problems >= 1,
-                "--eval-num-problems must be >= 1",
-            ),
-            (
-                self.test_num_problems is None or self.test_num_problems >= 1,
-                "--test-num-problems must be >= 1",
-            ),
             (
                 self.allow_test_eval or not on_test,
                 f"--eval-dataset {on_test[0] if on_test else ''}: the in-training evaluation selects the "

@@ -27,10 +27,8 @@ from ggpo_offline.generate.rollout import (
     RolloutTotals,
     encode_prompts,
     prompt_token_limit,
-    raise_first_failure,
     reward_description,
     sample_and_score,
-    sampling_checks,
 )
 from ggpo_offline.pool.source import read_pool_info
 
@@ -85,22 +83,6 @@ def _pool_settings(pool: Path) -> dict:
     return settings
 
 
-def _validate(config: EvalConfig, sampling: SamplingSettings) -> None:
-    """Ranges of the settings (choices are checked when the EvalConfig is built)."""
-    bad_ks = [k for k in config.ks if k < 1]
-    raise_first_failure(
-        sampling_checks(sampling, "-n")
-        + [
-            (not bad_ks, f"-k values must be >= 1, got {bad_ks[0] if bad_ks else None}"),
-            (len(config.datasets) > 0, "give at least one --dataset"),
-            (len(set(config.datasets)) == len(config.datasets), "a --dataset is given twice"),
-            (config.num_problems is None or config.num_problems >= 1, "--num-problems must be >= 1"),
-            (config.batch_prompts >= 1, "--batch-prompts must be >= 1"),
-            (config.reward_workers >= 0, "--reward-workers must be >= 0"),
-        ]
-    )
-
-
 class Evaluator:
     """One evaluation protocol (benchmarks, sampling, reward) applied to one model after another.
 
@@ -115,7 +97,6 @@ class Evaluator:
         use and closed by ``close``."""
         self.config = config
         self.sampling, self.template_choice, self.dtype = resolve_sampling(config)
-        _validate(config, self.sampling)
         self.datasets = [load_dataset(spec, **_dataset_kwargs(config, spec)) for spec in config.datasets]
         self.names = _benchmark_names([meta for _, meta in self.datasets])
         self.rules = [

@@ -15,7 +15,7 @@ from typing import Literal
 import polars as pl
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.core.settings import check_choices, setting
+from ggpo_offline.core.settings import check_settings, setting
 from ggpo_offline.generate.problems import Problem
 from ggpo_offline.generate.rewards import AnswerRule, last_boxed_content, plain_number
 
@@ -44,7 +44,7 @@ class DatasetColumns:
     )
 
     def __post_init__(self) -> None:
-        check_choices(self)
+        check_settings(self)
 
     def column_keys(self) -> dict:
         """The column choices, as ``load_dataset``'s keyword arguments."""

@@ -22,7 +22,7 @@ from ggpo_offline.core.model_io import (
 from ggpo_offline.core.one_writer import one_writer
 from ggpo_offline.core.settings import leaf_values, leaves
 from ggpo_offline.core.stopwatch import Stopwatch
-from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig, validate_generate_config
+from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig
 from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
 from ggpo_offline.generate.engines import Engine, load_engine
 from ggpo_offline.generate.problems import Problem
@@ -150,7 +150,6 @@ def generate_pool(
     left running); by default the engine named in ``config`` is started here and closed at the end.
     ``stopwatch`` gets the time spent sampling, waiting for rewards and writing (`sample_and_score`).
     """
-    validate_generate_config(config)
     out = Path(config.out)
     # A second command on the same --out (or a Slurm task requeued while its predecessor still writes) is
     # refused; the resume state is the one writer's, and goes with it once the pool is in place.

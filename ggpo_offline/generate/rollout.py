@@ -53,25 +53,6 @@ class ScoredBatch:
     """Rewards, problem-major: problem ``i``'s ``m`` results are ``results[i*m : (i+1)*m]``."""
 
 
-def sampling_checks(sampling: SamplingSettings, m_flag: str) -> list[tuple[bool, str]]:
-    """(ok, message) checks of the sampling settings; ``m_flag`` names the group-size flag."""
-    s = sampling
-    return [
-        (s.m >= 1, f"{m_flag} must be >= 1, got {s.m}"),
-        (s.temperature > 0, f"--temperature must be > 0 (sampling), got {s.temperature}"),
-        (0 < s.top_p <= 1, f"--top-p must be in (0, 1], got {s.top_p}"),
-        (s.top_k >= 0, f"--top-k must be >= 0 (0 disables it), got {s.top_k}"),
-        (s.max_tokens >= 1, f"--max-tokens must be >= 1, got {s.max_tokens}"),
-    ]
-
-
-def raise_first_failure(checks: list[tuple[bool, str]]) -> None:
-    """UserError with the message of the first failed check."""
-    for ok, message in checks:
-        if not ok:
-            raise UserError(message)
-
-
 def encode_prompts(
     tokenizer, problems: list[Problem], template: Literal["chat", "plain"]
 ) -> tuple[list[str], list[list[int]]]:

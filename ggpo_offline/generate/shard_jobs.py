@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import replace_settings, to_flags
-from ggpo_offline.generate.config import GenerateConfig, validate_generate_config
+from ggpo_offline.generate.config import GenerateConfig
 from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.jobs.job import JobFailed, OnState, Session
 from ggpo_offline.pool.partial import prompts_stored
@@ -85,7 +85,6 @@ def generate_on_slurm(config: GenerateConfig, report: OnState) -> Path | ShardsS
     from ggpo_offline.jobs.slurm import SlurmLauncher
     from ggpo_offline.pool.merge import merge_pool
 
-    validate_generate_config(config)
     out = Path(config.out)
     check_output_path(out, config.overwrite)
     folder = shard_folder(out)

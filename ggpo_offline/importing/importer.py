@@ -68,7 +68,6 @@ def import_pool(
     """Read ``sources`` in ``config.format``, group, score and check the rollouts, and write the pool at
     ``config.out`` atomically (nothing is written when a record is refused)."""
     report = on_progress or (lambda stage, done, total: None)
-    _check_settings(config)
     renames = generic.field_renames(config.fields)
     out = Path(config.out)
     check_output_path(out, config.overwrite)
@@ -101,22 +100,6 @@ def import_pool(
         return _write(config, out, staged, grouping, reward_source, model_dir, tokenizer, files, report)
     finally:
         staging_path.unlink(missing_ok=True)
-
-
-def _check_settings(config: ImportConfig) -> None:
-    if not config.temperature > 0:
-        raise UserError(f"--temperature must be > 0, got {config.temperature}")
-    if not 0 < config.top_p <= 1 or config.top_k < 0:
-        raise UserError("--top-p must be in (0, 1] and --top-k >= 0")
-    if config.fields and config.format != "generic":
-        raise UserError(f"--field renames the generic record's fields; --from {config.format} has its own")
-    if config.m is not None and config.m < 1:
-        raise UserError(f"--m must be >= 1, got {config.m}")
-    if config.rescore_behavior and (config.top_p < 1 or config.top_k > 0):
-        raise UserError(
-            "--rescore-behavior computes full-vocabulary log-probs, which cannot be a truncated sampler's "
-            "(--top-p < 1 or --top-k > 0)"
-        )
 
 
 def source_files(sources: list[Path]) -> dict[Path, str]:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.core.settings import setting
+from ggpo_offline.core.settings import above, at_least, check_settings, setting
 
 Launcher = Literal["local", "slurm"]
 
@@ -15,10 +15,12 @@ class SlurmConfig:
     """What each Slurm job asks for (one task of the command's job array)."""
 
     partition: str | None = setting(None, "slurm: partition of the jobs [default: the cluster's default].")
-    gpus_per_task: int = setting(0, "slurm: GPUs per job.")
-    cpus_per_task: int = setting(1, "slurm: CPU cores per job.")
-    mem_gb: float | None = setting(None, "slurm: memory per job in GB [default: the partition's].")
-    time_min: int = setting(240, "slurm: time limit per job in minutes.")
+    gpus_per_task: int = setting(0, "slurm: GPUs per job.", valid=at_least(0))
+    cpus_per_task: int = setting(1, "slurm: CPU cores per job.", valid=at_least(1))
+    mem_gb: float | None = setting(
+        None, "slurm: memory per job in GB [default: the partition's].", valid=above(0)
+    )
+    time_min: int = setting(240, "slurm: time limit per job in minutes.", valid=at_least(1))
     account: str | None = setting(None, "slurm: account charged for the jobs.")
     qos: str | None = setting(None, "slurm: quality of service of the jobs.")
     sbatch: tuple[str, ...] = setting(
@@ -26,13 +28,7 @@ class SlurmConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("cpus_per_task", "time_min"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.gpus_per_task < 0:
-            raise UserError(f"--gpus-per-task must be >= 0, got {self.gpus_per_task}")
-        if self.mem_gb is not None and not self.mem_gb > 0:
-            raise UserError(f"--mem-gb must be > 0, got {self.mem_gb}")
+        check_settings(self)
         for option in self.sbatch:
             if "=" not in option or not option.split("=", 1)[0]:
                 raise UserError(f"--sbatch takes KEY=VALUE options, got {option!r}")
@@ -56,6 +52,7 @@ class LaunchConfig:
     slurm: SlurmConfig = setting(default_factory=SlurmConfig)
 
     def __post_init__(self) -> None:
+        check_settings(self)
         if self.launcher == "slurm":
             return
         if self.no_wait:

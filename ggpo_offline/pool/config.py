@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggpo_offline.core.settings import setting
+from ggpo_offline.core.settings import check_settings, setting
 
 
 @dataclass(frozen=True)
@@ -12,3 +12,6 @@ class MergeConfig:
 
     out: Path = setting(help="Pool file to write.")
     overwrite: bool = setting(False, "Replace an existing --out file.")
+
+    def __post_init__(self) -> None:
+        check_settings(self)

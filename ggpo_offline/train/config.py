@@ -9,11 +9,21 @@ from pathlib import Path
 from typing import Literal
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.core.settings import check_choices, flag_name, leaf_values, setting
+from ggpo_offline.core.settings import (
+    Range,
+    above,
+    at_least,
+    check_relations,
+    check_settings,
+    flag_name,
+    leaf_values,
+    setting,
+)
 from ggpo_offline.evaluate.config import TrainingEvalConfig
 from ggpo_offline.train.learners import (
     LEARNERS,
     PAPER_REF_REFRESH,
+    SETTINGS,
     Learner,
     learner,
     read_by,
@@ -26,6 +36,8 @@ FORWARD_TOKENS = 4096
 most this many positions (a longer row runs alone), each cut to its own longest row, so padding is small."""
 PER_RUN = ("pool", "method", "seed", "out")
 """Settings `ggpo compare` chooses for each of its runs (a user gives the others, shared by all runs)."""
+Preset = Literal["paper-offline", "tiny", "arc"]
+"""The training presets' names (`training_presets.PRESETS` holds their settings)."""
 METHOD_DEFAULT = "method-default"
 """``ref_refresh`` not chosen: resolved on construction to the method's own default (`TrainConfig`)."""
 
@@ -37,59 +49,85 @@ class TrainConfig:
     pool: Path = setting(Path("pools/base.parquet"), "The pool to replay (a file or a shard directory).")
     method: str = setting("ggpo", f"Learner: {', '.join(LEARNERS)} (README, docs/corrections.md).")
     model: str | None = setting(None, "Initial policy, a local HF folder [default: the pool's model].")
-    seed: int = setting(42, "Seeds the data plan (which groups, in which order) and torch.")
-    updates: int = setting(400, "U: optimizer updates; each uses a fresh minibatch, none revisited.")
-    groups_per_batch: int = setting(32, "G: groups per minibatch (B = G·m responses).")
-    lr: float = setting(1e-6, "AdamW learning rate (constant, no warmup).")
-    beta: float = setting(0.01, f"β: KL-regularization strength. {read_by('beta')}")
+    seed: int = setting(
+        42, "Seeds the data plan (which groups, in which order) and torch.", valid=at_least(0)
+    )
+    updates: int = setting(
+        400, "U: optimizer updates; each uses a fresh minibatch, none revisited.", valid=at_least(1)
+    )
+    groups_per_batch: int = setting(32, "G: groups per minibatch (B = G·m responses).", valid=at_least(1))
+    lr: float = setting(1e-6, "AdamW learning rate (constant, no warmup).", valid=above(0))
+    beta: float = setting(0.01, f"β: KL-regularization strength (>= 0). {read_by('beta')}", valid=at_least(0))
     clip: float = setting(
-        0.05, f"c_clip: per-token clip of the learner-to-reference log ratio. {read_by('clip')}"
+        0.05,
+        f"c_clip: per-token clip of the learner-to-reference log ratio. {read_by('clip')}",
+        valid=above(0),
     )
     push_bound: float = setting(
         10.0,
         "B (nats): a wrong response's push stops once its sequence log-ratio to π_ref is at or below −B "
         f"(an ablation's setting, not tuned). {read_by('push_bound')}",
+        valid=above(0),
     )
     ref_refresh: int | None | Literal["method-default"] = setting(
         METHOD_DEFAULT,
         f"T_ref: π_ref ← π_θ every N updates, or 'never' {ref_refresh_help()}",
         none_word="never",
+        valid=at_least(1),
     )
     horizon: int | None = setting(
         None,
         "H: tokens of future KL credit, or 'full' for the whole tail [default: full] (SPEC-beyond "
         f"PROVISIONAL). {read_by('horizon')}",
         none_word="full",
+        valid=at_least(0),
     )
     cost_bound: float = setting(
         0.05,
         "ε_F: bound on each token's KL cost in the future credit (SPEC-beyond PROVISIONAL). "
         + read_by("cost_bound"),
+        valid=above(0),
     )
-    cispo_low: float = setting(0.0, f"c_lo: lower bound of the detached token weight. {read_by('cispo_low')}")
+    cispo_low: float = setting(
+        0.0, f"c_lo: lower bound of the detached token weight. {read_by('cispo_low')}", valid=at_least(0)
+    )
     cispo_high: float = setting(
         1.28,
         f"c_hi: upper bound of the detached token weight (SPEC-beyond PROVISIONAL). {read_by('cispo_high')}",
+        valid=at_least(0),
     )
     tis_block: int = setting(
-        8, f"π_old is recomputed at the start of every block of N updates. {read_by('tis_block')}"
+        8,
+        f"π_old is recomputed at the start of every block of N updates. {read_by('tis_block')}",
+        valid=at_least(1),
     )
-    tis_cap: float = setting(2.0, f"Cap of the token weight π_old/μ. {read_by('tis_cap')}")
-    clip_eps: float = setting(0.2, f"ε: PPO clip range of the token ratio. {read_by('clip_eps')}")
-    dual_clip: float = setting(10.0, f"c: dual-clip bound for negative advantages. {read_by('dual_clip')}")
-    kl_coef: float = setting(0.01, f"Coefficient of the k3 KL to the reference. {read_by('kl_coef')}")
-    weight_decay: float = setting(0.01, "AdamW weight decay.")
-    adam_beta1: float = setting(0.9, "AdamW β1.")
-    adam_beta2: float = setting(0.999, "AdamW β2.")
-    adam_eps: float = setting(1e-8, "AdamW ε (torch's default).")
-    grad_clip: float = setting(1.0, "Clip the global gradient norm to this.")
+    tis_cap: float = setting(2.0, f"Cap of the token weight π_old/μ. {read_by('tis_cap')}", valid=above(0))
+    clip_eps: float = setting(
+        0.2,
+        f"ε: PPO clip range of the token ratio. {read_by('clip_eps')}",
+        valid=Range(0, 1, low_open=True, high_open=True),
+    )
+    dual_clip: float = setting(
+        10.0, f"c: dual-clip bound for negative advantages. {read_by('dual_clip')}", valid=above(1)
+    )
+    kl_coef: float = setting(
+        0.01, f"Coefficient of the k3 KL to the reference. {read_by('kl_coef')}", valid=at_least(0)
+    )
+    weight_decay: float = setting(0.01, "AdamW weight decay.", valid=at_least(0))
+    adam_beta1: float = setting(0.9, "AdamW β1.", valid=Range(0, 1, high_open=True))
+    adam_beta2: float = setting(0.999, "AdamW β2.", valid=Range(0, 1, high_open=True))
+    adam_eps: float = setting(1e-8, "AdamW ε (torch's default).", valid=above(0))
+    grad_clip: float = setting(1.0, "Clip the global gradient norm to this.", valid=above(0))
     micro_batch_size: int | None = setting(
-        None, "Responses per forward/backward pass, a multiple of m [default: the whole minibatch]."
+        None,
+        "Responses per forward/backward pass, a multiple of m [default: the whole minibatch].",
+        valid=at_least(1),
     )
     forward_tokens: int = setting(
         FORWARD_TOKENS,
         "Prompt + response positions per decoder forward inside a pass (padded ones count with "
         "--no-packing).",
+        valid=at_least(1),
     )
     no_packing: bool = setting(
         False,
@@ -103,6 +141,7 @@ class TrainConfig:
         None,
         "N: every N updates the current policy samples the next round of N x G mixed groups with the pool's "
         "prompts and settings (Algorithm 1); absent: the pool is replayed offline (N = U).",
+        valid=at_least(1),
     )
     off_policy_steps: int = setting(
         0,
@@ -110,6 +149,7 @@ class TrainConfig:
         "round starts (prime-rl's max_async_level, AReaL's max_head_offpolicyness: a rollout consumed at "
         "step t was sampled by version t − K); the pool serves every update whose sampler would be π0. 0: "
         "synchronous.",
+        valid=at_least(0),
     )
     lag: Literal["fixed", "mixed"] = setting(
         "fixed",
@@ -127,16 +167,23 @@ class TrainConfig:
         "The behavior log-probs of the --sync-every rounds: the sampling engine's, or the learner's on the "
         "sampling checkpoint (the control without training-inference mismatch).",
     )
-    log_every: int = setting(1, "Log metrics every N updates (block ESS at every block end regardless).")
-    ess_block: int = setting(8, "Updates per block of the block-level sequence ESS (paper: 8 minibatches).")
+    log_every: int = setting(
+        1, "Log metrics every N updates (block ESS at every block end regardless).", valid=at_least(1)
+    )
+    ess_block: int = setting(
+        8, "Updates per block of the block-level sequence ESS (paper: 8 minibatches).", valid=at_least(1)
+    )
     probe_groups: int = setting(
         8,
         "Pool groups of the fixed probe on which each evaluated checkpoint's drift from π0 (probe/k3, "
         "probe/log_ratio) is measured: the pool's first mixed groups (0 = no probe).",
+        valid=at_least(0),
     )
-    save_every: int | None = setting(None, "Checkpoint every N updates (and always at the end).")
+    save_every: int | None = setting(
+        None, "Checkpoint every N updates (and always at the end).", valid=at_least(1)
+    )
     out: Path | None = setting(None, "Run folder [default: runs/<pool name>/<method>-s<seed>].")
-    threads: int | None = setting(None, "CPU threads for torch [default: torch's].")
+    threads: int | None = setting(None, "CPU threads for torch [default: torch's].", valid=at_least(1))
     tracking_uri: str | None = setting(
         None, "MLflow store [default: $MLFLOW_TRACKING_URI or sqlite:///mlruns.db]."
     )
@@ -156,10 +203,9 @@ class TrainConfig:
             refreshes = self.method in LEARNERS and self.learner.refreshes_reference
             default = PAPER_REF_REFRESH if refreshes else None
             object.__setattr__(self, "ref_refresh", default)
-        check_choices(self)
-        for ok, message in _checks(self):
-            if not ok:
-                raise UserError(message)
+        method = self.learner  # an unknown method is the first problem reported
+        check_settings(self, skip=tuple(name for name in SETTINGS if not method.reads(name)))
+        check_relations(_relations(self, method))
 
     @property
     def learner(self) -> Learner:
@@ -203,14 +249,16 @@ DEFAULT_TIMEOUTS = Timeouts()
 class TrainOptions:
     """How ``ggpo train`` runs, beside what it trains (`TrainConfig`)."""
 
-    preset: str | None = setting(
+    preset: Preset | None = setting(
         None, "paper-offline (SPEC defaults), tiny (embedded model, ~1 min) or arc (embedded, the long run)."
     )
     config_file: Path | None = setting(
         None, "TOML/YAML/JSON file of settings (flags override it).", flag="config"
     )
     nproc: int | None = setting(
-        None, "Train in N processes on this machine (torchrun; DDP, or FSDP2 with --fsdp) [default: 1]."
+        None,
+        "Train in N processes on this machine (torchrun; DDP, or FSDP2 with --fsdp) [default: 1].",
+        valid=at_least(1),
     )
     resume: bool = setting(False, "Continue the run in --out from its last checkpoint.")
     overwrite: bool = setting(False, "Replace an existing run folder.")
@@ -229,40 +277,48 @@ class TrainOptions:
         DEFAULT_TIMEOUTS.collective,
         "With several processes: seconds a process waits for the others at a collective before the job "
         "stops (a stuck or dead peer).",
+        valid=above(0),
     )
     wait_timeout: float = setting(
         DEFAULT_TIMEOUTS.solo,
         "With several processes: seconds the others wait while process 0 works alone (one checkpoint's "
         "evaluation, scoring the π0 cache), and the longest one evaluation may take.",
+        valid=above(0),
     )
 
     def __post_init__(self) -> None:
+        check_settings(self)
         if self.resume_if_any and (self.resume or self.overwrite):
             raise UserError("--resume-if-any decides between --resume and --overwrite itself: give it alone")
         if self.resume_if_any and os.environ.get("WORLD_SIZE", "1") != "1":
             raise UserError("--resume-if-any starts its own processes: give --nproc instead of torchrun")
-        if self.nproc is not None and self.nproc < 1:
-            raise UserError(f"--nproc must be >= 1, got {self.nproc}")
-        for name in ("collective_timeout", "wait_timeout"):
-            if not getattr(self, name) > 0:
-                raise UserError(
-                    f"--{flag_name(TrainOptions, name)} must be > 0 seconds, got {getattr(self, name)}"
-                )
 
     @property
     def timeouts(self) -> Timeouts:
         return Timeouts(self.collective_timeout, self.wait_timeout)
 
 
-def _checks(config: TrainConfig) -> list[tuple[bool, str]]:
-    """The ranges of a config, in the order a problem is reported (the evaluation's are its own)."""
+def _relations(config: TrainConfig, method: Learner) -> list[tuple[bool, str]]:
+    """What must hold between the settings, each in range (`check_settings`): a learner's own bound on a
+    setting it reads (β > 0 where its loss divides by β), and how the rounds' settings go together."""
+    bounds = [
+        (bound.admits(getattr(config, name)), f"--{flag_name(TrainConfig, name)} must be {bound} for "
+         f"{method.name}, got {getattr(config, name)}")
+        for name, bound in method.bounds.items()
+    ]  # fmt: skip
     return [
-        (config.updates >= 1, f"--updates must be >= 1, got {config.updates}"),
-        (config.groups_per_batch >= 1, f"--groups-per-batch must be >= 1, got {config.groups_per_batch}"),
-        (config.lr > 0, f"--lr must be > 0, got {config.lr}"),
-        *_learner_checks(config),
+        *bounds,
         (
-            config.sync_every is None or 1 <= config.sync_every <= config.updates,
+            not method.reads("cispo_low") or config.cispo_low <= config.cispo_high,
+            f"CISPO needs --cispo-low <= --cispo-high, got {config.cispo_low}, {config.cispo_high}",
+        ),
+        # A config may still ask a learner without π_ref to refresh one; resolution drops a preset's T_ref.
+        (
+            config.ref_refresh is None or method.reads("ref_refresh"),
+            f"--ref-refresh: {method.name} has no reference to refresh",
+        ),
+        (
+            config.sync_every is None or config.sync_every <= config.updates,
             f"--sync-every must be in 1..{config.updates} (--updates), got {config.sync_every}",
         ),
         (
@@ -273,7 +329,7 @@ def _checks(config: TrainConfig) -> list[tuple[bool, str]]:
             "rounds: give --sync-every",
         ),
         (
-            0 <= config.off_policy_steps < config.updates,
+            config.off_policy_steps < config.updates,
             f"--off-policy-steps must be in 0..{config.updates - 1} (--updates - 1), got "
             f"{config.off_policy_steps}",
         ),
@@ -293,41 +349,4 @@ def _checks(config: TrainConfig) -> list[tuple[bool, str]]:
             f"--lag mixed splits each minibatch into --off-policy-steps {config.off_policy_steps} equal "
             f"shares: --groups-per-batch {config.groups_per_batch} is not divisible by it",
         ),
-        (config.log_every >= 1, f"--log-every must be >= 1, got {config.log_every}"),
-        (config.ess_block >= 1, f"--ess-block must be >= 1, got {config.ess_block}"),
-        (config.probe_groups >= 0, f"--probe-groups must be >= 0, got {config.probe_groups}"),
-        (config.save_every is None or config.save_every >= 1, "--save-every must be >= 1"),
-        (config.micro_batch_size is None or config.micro_batch_size >= 1, "--micro-batch-size must be >= 1"),
-        (config.forward_tokens >= 1, f"--forward-tokens must be >= 1, got {config.forward_tokens}"),
-        (config.threads is None or config.threads >= 1, "--threads must be >= 1"),
     ]
-
-
-def _learner_checks(config: TrainConfig) -> list[tuple[bool, str]]:
-    """The ranges of the learner-specific settings the method reads (one it does not read is never used);
-    β's range differs by learner (the registry's bounds)."""
-    method = config.learner  # an unknown method is the first problem reported
-    ranges = {
-        "ref_refresh": (
-            config.ref_refresh is None or config.ref_refresh >= 1,
-            "--ref-refresh must be >= 1 or 'never'",
-        ),
-        "tis_block": (config.tis_block >= 1, f"--tis-block must be >= 1, got {config.tis_block}"),
-        "horizon": (config.horizon is None or config.horizon >= 0, "--horizon must be >= 0 or 'full'"),
-        "cost_bound": (config.cost_bound > 0, f"--cost-bound must be > 0, got {config.cost_bound}"),
-        "push_bound": (config.push_bound > 0, f"--push-bound must be > 0, got {config.push_bound}"),
-        "cispo_low": (
-            0 <= config.cispo_low <= config.cispo_high,
-            f"CISPO needs 0 <= --cispo-low <= --cispo-high, got {config.cispo_low}, {config.cispo_high}",
-        ),
-    }
-    for name, bound in method.bounds.items():
-        value = getattr(config, name)
-        flag = flag_name(TrainConfig, name)
-        ranges[name] = (bound.admits(value), f"--{flag} must be {bound} for {method.name}, got {value}")
-    # A config may still ask a learner without π_ref to refresh one: resolution drops only a preset's T_ref.
-    no_reference = (
-        config.ref_refresh is None or method.reads("ref_refresh"),
-        f"--ref-refresh: {method.name} has no reference to refresh",
-    )
-    return [check for name, check in ranges.items() if method.reads(name)] + [no_reference]

@@ -15,6 +15,14 @@ COMMITS = {
 """The commit of each framework whose code the presets equal (SPEC-corrections.md's)."""
 
 OBJECTIVES = ("ppo", "gspo", "reinforce", "cispo", "topr", "sapo", "dppo", "kimi")
+RATIO_LEVELS = ("token", "sequence", "geometric")
+"""How a weight is taken from token log-ratios: e^{x_t}; the product e^{Σ_t M x_t}; the geometric mean
+e^{Σ_t M x_t / L_i}."""
+REJECTION_LEVELS = ("token", "seq_sum", "seq_mean", "seq_max")
+"""Where verl's rejection statistic is read (SPEC-corrections §a RS): per token, or per response as the sum,
+the mean or the maximum of its tokens' statistics."""
+REJECTION_STATISTICS = ("k1", "k2", "k3")
+AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 SEQUENCE_MEANS = ("verl", "trl")
 """How the frameworks' sequence means divide (their code, SPEC-corrections §f): verl's, OpenRLHF's and ROLL's
 ``agg_loss`` average the G responses with a token, each over L_i + 1e-8 tokens (ROLL's G is an integer
@@ -86,9 +94,20 @@ class Correction:
         return bool(self.rejections) or self.second_moment is not None
 
     def __post_init__(self):
-        if self.sequence_mean not in SEQUENCE_MEANS:
-            choices = ", ".join(SEQUENCE_MEANS)
-            raise ValueError(f"sequence_mean is one of {choices}, got {self.sequence_mean!r}")
+        options = [option.rpartition("_") for option, _ in self.rejections]
+        parts = [
+            ("objective", self.objective, OBJECTIVES),
+            ("weight", self.weight, (None, *RATIO_LEVELS)),
+            ("filter_level", self.filter_level, (None, *RATIO_LEVELS)),
+            ("aggregation", self.aggregation, AGGREGATIONS),
+            ("sequence_mean", self.sequence_mean, SEQUENCE_MEANS),
+            *(("rejection level", level, REJECTION_LEVELS) for level, _, _ in options),
+            *(("rejection statistic", statistic, REJECTION_STATISTICS) for _, _, statistic in options),
+        ]
+        for name, value, allowed in parts:
+            if value not in allowed:
+                choices = ", ".join(str(choice) for choice in allowed)
+                raise ValueError(f"{name} is one of {choices}, got {value!r}")
         if self.batch_normalize and (
             self.bypass or self.weight not in ("token", "sequence") or not self.truncate or self.filter_level
         ):

@@ -3,7 +3,7 @@ from the registry (never by hand); `tools/learner_table.py` writes them into tho
 
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.core.settings import flag_name
+from ggpo_offline.core.settings import flag_name, valid_range
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.correction_presets import COMMITS
 from ggpo_offline.train.learners import CORRECTIONS, PAPER_REF_REFRESH, REGISTRY, SCHEDULES, SYMBOLS, Learner
@@ -21,7 +21,10 @@ def _flag(setting: str) -> str:
 
 
 def _hyperparameters_cell(entry: Learner) -> str:
-    bounds = {name: f" {bound}" for name, bound in entry.bounds.items()}
+    """Its settings, each with its range where a learner narrows the field's (β): the narrowed one, or the
+    field's own."""
+    narrowed = {name for learner in REGISTRY for name in learner.bounds}
+    bounds = {name: f" {entry.bounds.get(name, valid_range(TrainConfig, name))}" for name in narrowed}
     read = [_flag(name) + bounds.get(name, "") for name in entry.hyperparameters]
     fixed = [f"{name} = {value:g} (fixed)" for name, value in entry.fixed.items()]
     return ", ".join(read + fixed) or "—"

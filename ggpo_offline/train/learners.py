@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.settings import Range, above
 from ggpo_offline.train.correction_presets import CORRECTION_PRESETS, CorrectionPreset, describe
 from ggpo_offline.train.loss_inputs import LossInputs, MinibatchCounts, MinibatchSource
 
@@ -24,22 +25,8 @@ class UnknownMethod(UserError, ValueError):
     """A --method the registry does not hold: one line for the user, a ValueError to library callers."""
 
 
-@dataclass(frozen=True)
-class LowerBound:
-    """A hyperparameter's valid range where it differs by learner: ``> low`` (strict) or ``>= low``."""
-
-    low: float
-    strict: bool
-
-    def admits(self, value: float) -> bool:
-        return value > self.low if self.strict else value >= self.low
-
-    def __str__(self) -> str:
-        return f"{'>' if self.strict else '>='} {self.low:g}"
-
-
-POSITIVE = LowerBound(0.0, strict=True)
-NON_NEGATIVE = LowerBound(0.0, strict=False)
+POSITIVE = above(0)
+"""β's range where the loss divides by β (its field admits β = 0, which is PG)."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +72,9 @@ class Learner:
     """matplotlib line style of its curves."""
     fixed: dict = field(default_factory=dict)
     """Loss keywords this method fixes (PG: Proximal KL with β = 0), not taken from the config."""
-    bounds: dict[str, LowerBound] = field(default_factory=dict)
-    """The valid range of each hyperparameter whose range differs by learner (β > 0 where the loss divides
-    by β, β ≥ 0 where β = 0 is PG)."""
+    bounds: dict[str, Range] = field(default_factory=dict)
+    """The range of each hyperparameter that this learner narrows from its field's (β > 0 where the loss
+    divides by β; the field admits β = 0, which is PG)."""
     ablates: str | None = None
     """The learner this one is an ablation of (an experiment's arm, not a method to choose): it takes that
     learner's preset values (its tuned rate), and its row is in docs/learners.md, not the README's table."""
@@ -196,7 +183,7 @@ REGISTRY: tuple[Learner, ...] = (
         summary="κ = w·(Â − C): token IS + windowed future KL credit",
         loss_name="proximal_kl_loss",
         needs=("behavior_logp", "ref_logp"), hyperparameters=("beta", "horizon", "cost_bound"),
-        bounds={"beta": NON_NEGATIVE}, refreshes_reference=True,
+        refreshes_reference=True,
         formula="SPEC-beyond §1; PKL paper Sec. 4, Eq. 5–7",
         style={"color": "#8c564b", "linestyle": "-"},
         tuned_lr=1e-4,
@@ -221,7 +208,7 @@ REGISTRY: tuple[Learner, ...] = (
         name="seq-is", label="seq-IS", summary="Proximal KL with the geometric-mean sequence weight",
         loss_name="seq_is_loss",
         needs=("behavior_logp", "ref_logp"), hyperparameters=("beta", "horizon", "cost_bound"),
-        bounds={"beta": NON_NEGATIVE}, refreshes_reference=True,
+        refreshes_reference=True,
         formula="SPEC-beyond §3; PKL paper Eq. 11 (GSPO-token)",
         style={"color": "#bcbd22", "linestyle": "-."},
         tuned_lr=1e-4,
@@ -230,7 +217,7 @@ REGISTRY: tuple[Learner, ...] = (
         name="is-free", label="IS-free", summary="κ = Â − C, no importance weight",
         loss_name="is_free_loss",
         needs=("ref_logp",), hyperparameters=("beta", "horizon", "cost_bound"),
-        bounds={"beta": NON_NEGATIVE}, refreshes_reference=True,
+        refreshes_reference=True,
         formula="SPEC-beyond §4; PKL paper Eq. 12",
         style={"color": "#17becf", "linestyle": "-."},
         tuned_lr=1e-4,

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from ggpo_offline.core.settings import setting
+from ggpo_offline.core.settings import FRACTION, above, at_least, check_settings, setting
 
 EngineName = Literal["vllm", "hf"]
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
@@ -33,15 +33,21 @@ careful style writes up to ~330 tokens) within its 512 positions."""
 class SamplingSettings:
     """Sampling settings of a pool (paper: temperature 1.0, top-p 1.0, no top-k)."""
 
-    m: int = setting(8, "Responses per prompt (group size m).", flag="samples-per-prompt", short="m")
-    temperature: float = setting(1.0, "Sampling temperature.")
-    top_p: float = setting(1.0, "Nucleus sampling threshold (1.0 = off).")
-    top_k: int = setting(0, "Top-k sampling (0 = off).")
+    m: int = setting(
+        8, "Responses per prompt (group size m).", flag="samples-per-prompt", short="m", valid=at_least(1)
+    )
+    temperature: float = setting(1.0, "Sampling temperature.", valid=above(0))
+    top_p: float = setting(1.0, "Nucleus sampling threshold (1.0 = off).", valid=FRACTION)
+    top_k: int = setting(0, "Top-k sampling (0 = off).", valid=at_least(0))
     max_tokens: int = setting(
         DEFAULT_MAX_TOKENS,
         "Response length limit in tokens; a response cut there keeps all its tokens (finish reason length).",
+        valid=at_least(1),
     )
-    seed: int = setting(0, "Global sampling seed (each prompt derives its own).")
+    seed: int = setting(0, "Global sampling seed (each prompt derives its own).", valid=at_least(0))
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -8,10 +8,8 @@ call is the whole minibatch).
 
 from torch import Tensor
 
-from ggpo_offline.train.correction_presets import SEQUENCE_MEANS
+from ggpo_offline.train.correction_presets import AGGREGATIONS, SEQUENCE_MEANS
 from ggpo_offline.train.losses.common import _token_count
-
-AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def aggregate(

@@ -10,15 +10,8 @@ import math
 import torch
 from torch import Tensor
 
+from ggpo_offline.train.correction_presets import RATIO_LEVELS, REJECTION_LEVELS, REJECTION_STATISTICS
 from ggpo_offline.train.losses.common import LOG_RATIO_BOUND, _seq_sum
-
-RATIO_LEVELS = ("token", "sequence", "geometric")
-"""How a weight is taken from token log-ratios: e^{x_t}; the product e^{Σ_t M x_t}; the geometric mean
-e^{Σ_t M x_t / L_i}."""
-REJECTION_LEVELS = ("token", "seq_sum", "seq_mean", "seq_max")
-"""Where verl's rejection statistic is read (SPEC-corrections §a RS): per token, or per response as the sum,
-the mean or the maximum of its tokens' statistics."""
-REJECTION_STATISTICS = ("k1", "k2", "k3")
 
 
 def _lengths(mask: Tensor) -> Tensor:
