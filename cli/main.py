@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 import typer
-from ggpo_cli import render
+from ggpo_cli import terminal
 from ggpo_cli.config_flags import with_config_flags
 
 from ggpo_offline.compare.config import (
@@ -53,15 +53,15 @@ def generate_pool(settings: dict) -> None:
     if config.launch.launcher == "slurm":
         from ggpo_offline.generate.shard_jobs import ShardsSubmitted, generate_on_slurm
 
-        path = generate_on_slurm(config, render.JobProgress())
+        path = generate_on_slurm(config, terminal.JobProgress())
         if isinstance(path, ShardsSubmitted):
             print(f"submitted {path.jobs} shard job(s); the same command follows them and then merges:")
             print(f"  {path.command}")
             return
     else:
-        with render.GenerationProgress() as progress:
+        with terminal.GenerationProgress() as progress:
             path = run(config, on_batch=progress.update)
-    render.print_summary(pool_summary(path))
+    terminal.print_summary(pool_summary(path))
 
 
 @pool_app.command("inspect")
@@ -71,7 +71,7 @@ def pool_inspect(path: Path = typer.Argument(..., help=POOL_ARGUMENT)) -> None:
     from ggpo_offline.pool.validate import validate_pool
 
     validate_pool(path)
-    render.print_summary(pool_summary(path), with_metadata=True)
+    terminal.print_summary(pool_summary(path), with_metadata=True)
 
 
 @pool_app.command("validate")
@@ -91,10 +91,10 @@ def pool_score(path: Path = typer.Argument(..., help=POOL_ARGUMENT), *, settings
     from ggpo_offline.train.sampler_mismatch import pool_mismatch
 
     config = config_from(ScoreConfig, settings)
-    with render.ScoreProgress() as progress:
+    with terminal.ScoreProgress() as progress:
         pool, cache = ensure_pi0_cache(path, config.model, on_progress=progress.update)
     print(f"π0 cache: {cache.path}")
-    render.print_sampler_mismatch(pool_mismatch(pool, cache))
+    terminal.print_sampler_mismatch(pool_mismatch(pool, cache))
 
 
 @pool_app.command("merge")
@@ -122,7 +122,7 @@ def pool_import(
     responses or the generic record (README, "Bring your own rollouts")."""
     from ggpo_offline.importing.importer import import_pool
 
-    with render.ImportProgress() as progress:
+    with terminal.ImportProgress() as progress:
         result = import_pool(config_from(ImportConfig, settings), sources, on_progress=progress.update)
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -156,9 +156,9 @@ def train(options: dict, settings: dict) -> None:
     )
     resume, overwrite = plan.action == "resume", plan.action == "replace"
     pool = plan.inputs.pool
-    render.print_config(resolved)
+    terminal.print_config(resolved)
     if how.dry_run:
-        render.print_run_plan(plan)
+        terminal.print_run_plan(plan)
         return
     if plan.action == "reuse":
         print(f"{resolved.run_dir} holds this run, finished: nothing to train")
@@ -166,9 +166,9 @@ def train(options: dict, settings: dict) -> None:
     if how.nproc is not None and how.nproc > 1:
         from ggpo_offline.train.launch import launch
 
-        result = launch(resolved, how.nproc, resume, overwrite, render.TrainingProgress, how.timeouts)
+        result = launch(resolved, how.nproc, resume, overwrite, terminal.TrainingProgress, how.timeouts)
     else:
-        with render.TrainingProgress(resolved.updates) as progress:
+        with terminal.TrainingProgress(resolved.updates) as progress:
             result = run(
                 resolved,
                 resume=resume,
@@ -178,7 +178,7 @@ def train(options: dict, settings: dict) -> None:
                 timeouts=how.timeouts,
                 pool=pool,
             )
-    render.print_training_result(result)
+    terminal.print_training_result(result)
 
 
 @app.command("eval")
@@ -188,9 +188,9 @@ def evaluate(settings: dict) -> None:
     from ggpo_offline.evaluate.evaluator import evaluate as run
 
     config = config_from(EvalConfig, settings)
-    with render.EvalProgress() as progress:
+    with terminal.EvalProgress() as progress:
         report = run(config, on_progress=progress.update)
-    render.print_eval_report(report, config.out)
+    terminal.print_eval_report(report, config.out)
 
 
 @app.command("compare")
@@ -206,11 +206,11 @@ def compare(options: dict, settings: dict) -> None:
     from ggpo_offline.compare.comparison import plan_compare
 
     compare_config, allocations = budgeted(config_from(CompareConfig, {**options, "settings": settings}))
-    render.print_allocations(compare_config, allocations)
+    terminal.print_allocations(compare_config, allocations)
     if compare_config.dry_run:
-        render.print_compare_plan(plan_compare(compare_config))
+        terminal.print_compare_plan(plan_compare(compare_config))
         return
-    render.print_compare_result(run(compare_config, report=render.JobProgress()))
+    terminal.print_compare_result(run(compare_config, report=terminal.JobProgress()))
 
 
 @app.command("arc-report")
@@ -318,7 +318,7 @@ def measure_styles(settings: dict) -> None:
         forced=config.forced,
         split=config.split,
     )
-    render.print_style_report(report)
+    terminal.print_style_report(report)
     if config.json_out is not None:
         config.json_out.write_text(json.dumps(report, indent=2) + "\n")
     if config.card is not None:

@@ -20,7 +20,7 @@ from ggpo_offline.compare.finished_runs import RunRecord
 from ggpo_offline.compare.manifest import CompareManifest, ManifestRun
 from ggpo_offline.compare.report import write_tables
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.evaluate.eval_report import EvalReport
 from ggpo_offline.train.run_folder import RunFolder
 from ggpo_offline.train.run_records import RunSettings
 
@@ -378,7 +378,7 @@ def test_with_ceilings_the_arc_report_sets_each_method_against_them_and_refuses_
 ):
     from test_report import STYLES_REPORT
 
-    from ggpo_offline.compare.ceilings import ceilings_section
+    from ggpo_offline.compare.against_ceilings import ceilings_section
     from ggpo_offline.compare.scores import Scores
 
     _fake_measure_styles(monkeypatch)

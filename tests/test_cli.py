@@ -142,17 +142,17 @@ def test_bad_flag_values_are_one_line(tmp_path):
 
 
 def test_pool_inspect_shows_the_pools_answer_rule(tmp_path, capsys, monkeypatch):
-    from ggpo_cli import render
+    from ggpo_cli import terminal
 
     from ggpo_offline.pool.inspect import pool_summary
 
-    monkeypatch.setattr(render.stdout, "_width", 200)  # one table row per line
+    monkeypatch.setattr(terminal.stdout, "_width", 200)  # one table row per line
     shown = {}
     for name, reward in [("number", {"answer_rule": "number"}), ("older", {"timeouts": 0})]:
         pool = write_synthetic_pool(
             tmp_path / f"{name}.parquet", metadata={**synthetic_metadata(4), "reward": reward}
         )
-        render.print_summary(pool_summary(pool))
+        terminal.print_summary(pool_summary(pool))
         shown[name] = next(line for line in capsys.readouterr().out.splitlines() if "answer rule" in line)
     assert shown["number"].split("answer rule")[1].strip(" │") == "number"
     assert shown["older"].split("answer rule")[1].strip(" │") == "not recorded (an older pool: math-verify)"

@@ -95,7 +95,7 @@ def test_compare_settings_are_checked_before_any_work(vllm_pool, tmp_path):
 def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     vllm_pool, vllm_engine, tmp_path, monkeypatch, capsys
 ):
-    from ggpo_cli import render
+    from ggpo_cli import terminal
     from mlflow.tracking import MlflowClient
     from test_report import refuse_reading_back
 
@@ -190,7 +190,7 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
     with monkeypatch.context() as guard:  # the README and the terminal show the report as computed
         refuse_reading_back(guard, report)
         bigger = compare(replace(config, seeds=(1, 2, 3)), engine=vllm_engine)
-        render.print_compare_result(bigger)
+        terminal.print_compare_result(bigger)
     assert bigger.report.tables in capsys.readouterr().out
     assert bigger.report.tables == (report / "table.md").read_text()
     assert bigger.report.tables in (report / "README.md").read_text()

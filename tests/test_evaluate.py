@@ -15,10 +15,10 @@ from test_cli import assert_one_error_line, ggpo, ggpo_here
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import weights_sha256
+from ggpo_offline.evaluate.benchmark_scores import aggregate, pass_at_k, reported_ks
 from ggpo_offline.evaluate.config import EvalConfig
+from ggpo_offline.evaluate.eval_report import EvalReport
 from ggpo_offline.evaluate.evaluator import evaluate, resolve_sampling
-from ggpo_offline.evaluate.report import EvalReport
-from ggpo_offline.evaluate.scores import aggregate, pass_at_k, reported_ks
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:

@@ -11,9 +11,9 @@ import pytest
 from conftest import synthetic_rows, write_synthetic_pool
 
 from ggpo_offline.evaluate.config import EvalConfig
+from ggpo_offline.evaluate.eval_report import EvalReport
 from ggpo_offline.evaluate.evaluator import Evaluator
 from ggpo_offline.evaluate.generated import GeneratedText, PoolSupport
-from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.generate.engines import Sample
 from ggpo_offline.train.evaluation import eval_metrics
 

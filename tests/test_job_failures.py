@@ -11,7 +11,7 @@ import pytest
 
 from ggpo_offline.core.errors import JobFailure, UserError, how_it_ended
 from ggpo_offline.evaluate.config import EvalConfig
-from ggpo_offline.evaluate.remote import RemoteEvaluator
+from ggpo_offline.evaluate.remote_evaluator import RemoteEvaluator
 from ggpo_offline.train import distributed
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import Ranks
@@ -171,7 +171,7 @@ def test_a_process_ends_with_its_parent_and_takes_its_children_along(tmp_path):
 
 SERVE_A_GONE_PARENT = """
 from ggpo_offline.evaluate.config import EvalConfig
-from ggpo_offline.evaluate.remote import _serve
+from ggpo_offline.evaluate.remote_evaluator import _serve
 
 class Gone:  # the training process's end of the pipe, after it was killed mid-evaluation
     def __init__(self):

@@ -180,7 +180,7 @@ def test_each_runs_train_command_is_accepted_when_a_shared_config_file_sets_othe
         with (
             mock.patch("ggpo_offline.train.dry_run.plan_run"),  # no pool: the settings are the point
             mock.patch("ggpo_offline.train.trainer.train", capture),
-            mock.patch("ggpo_cli.render.print_training_result"),
+            mock.patch("ggpo_cli.terminal.print_training_result"),
         ):
             main(words[1:])
         assert trained[-1] == run  # the command alone rebuilds the run's settings
@@ -221,12 +221,12 @@ def test_the_readme_learner_table_is_the_registrys():
     readme = (REPO / "README.md").read_text()
     assert readme.count(README_BEGIN) == 1 and readme.count(README_END) == 1
     block = readme.split(README_BEGIN)[1].split(README_END)[0]
-    assert block == "\n" + markdown_table(), "run `python tools/learner_table.py` to regenerate it"
+    assert block == "\n" + markdown_table(), "run `python tools/write_learner_tables.py` to regenerate it"
 
 
 def test_the_corrections_doc_holds_every_preset_as_the_registry_has_it():
     doc = (REPO / "docs" / "corrections.md").read_text()
-    assert with_corrections_table(doc) == doc, "run `python tools/learner_table.py` to regenerate it"
+    assert with_corrections_table(doc) == doc, "run `python tools/write_learner_tables.py` to regenerate it"
     rows = [line for line in doc.splitlines() if line.startswith("| `")]
     presets = [row for row in rows if "framework" not in row and "§" in row]
     assert [row.split("`")[1] for row in presets] == [entry.name for entry in CORRECTIONS]
@@ -236,7 +236,7 @@ def test_the_corrections_doc_holds_every_preset_as_the_registry_has_it():
 
 def test_the_docs_list_each_ablation_where_the_readme_lists_the_methods():
     doc = (REPO / "docs" / "learners.md").read_text()
-    assert with_ablations_table(doc) == doc, "run `python tools/learner_table.py` to regenerate"
+    assert with_ablations_table(doc) == doc, "run `python tools/write_learner_tables.py` to regenerate"
     ablations = [entry.name for entry in REGISTRY if entry.ablates]
     assert ablations == ["ggpo-bounded-push"]
     assert [row.split("`")[1] for row in markdown_table(ablations=True).splitlines()[2:]] == ablations
@@ -266,7 +266,7 @@ def test_the_generator_rewrites_only_the_block(tmp_path):
     assert with_learner_table(rewritten) == rewritten
     path = tmp_path / "README.md"
     path.write_text(readme)
-    subprocess.run([sys.executable, "tools/learner_table.py", str(path)], check=True, cwd=REPO)
+    subprocess.run([sys.executable, "tools/write_learner_tables.py", str(path)], check=True, cwd=REPO)
     assert path.read_text() == rewritten
     with pytest.raises(UserError, match="needs one <!-- learners:begin --> line"):
         with_learner_table("# no markers\n")

@@ -14,8 +14,8 @@ from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, FIGURES, RunRecord, write_report, write_tables
 from ggpo_offline.compare.stats import holm
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.evaluate.report import EvalReport
-from ggpo_offline.evaluate.scores import aggregate
+from ggpo_offline.evaluate.benchmark_scores import aggregate
+from ggpo_offline.evaluate.eval_report import EvalReport
 from ggpo_offline.train.run_records import RunResult, RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -410,7 +410,7 @@ STYLES_REPORT = {
 
 
 def test_the_ceilings_section_sets_each_method_against_both_ceilings_per_prompt_class():
-    from ggpo_offline.compare.ceilings import ceilings_section
+    from ggpo_offline.compare.against_ceilings import ceilings_section
     from ggpo_offline.compare.scores import Scores
 
     grpo = _arith_record("grpo", [8] * 4 + [2] * 6)  # flat 100 %, nested 25 %: 55 % in all
@@ -446,7 +446,7 @@ def test_the_ceilings_section_sets_each_method_against_both_ceilings_per_prompt_
 
 
 def test_the_files_and_the_terminal_show_one_computed_report_never_read_back(tmp_path, monkeypatch, capsys):
-    from ggpo_cli import render
+    from ggpo_cli import terminal
 
     from ggpo_offline.compare.comparison import CompareResult
     from ggpo_offline.compare.report import compute_report
@@ -463,7 +463,9 @@ def test_the_files_and_the_terminal_show_one_computed_report_never_read_back(tmp
         with pytest.raises(AssertionError, match="table.md was read back"):  # the guard works
             (tmp_path / "table.md").read_text()
         report.write(tmp_path)
-        render.print_compare_result(CompareResult(tmp_path, runs, {42: "plan", 7: "plan"}, None, {}, report))
+        terminal.print_compare_result(
+            CompareResult(tmp_path, runs, {42: "plan", 7: "plan"}, None, {}, report)
+        )
     printed = capsys.readouterr().out
     assert (tmp_path / "table.md").read_text() == report.tables and report.tables in printed
     assert (tmp_path / "ceilings.md").read_text() == report.ceilings

@@ -20,6 +20,7 @@ from test_cli import GGPO, assert_one_error_line, ggpo_here
 
 from ggpo_offline.compare.finished_runs import load_run
 from ggpo_offline.compare.report import write_diagnostics
+from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import weights_sha256
 from ggpo_offline.pool.info import PoolDataset
 from ggpo_offline.pool.source import read_pool_info
@@ -157,6 +158,22 @@ def test_sync_every_1_trains_each_update_on_samples_of_the_checkpoint_before_it(
     sampled = ["round_engine", "round_sampling", "round_scoring", "round_writing", "round_index"]
     phases = [(t.phase, t.update) for t in RunFolder(uninterrupted).read_profile() if t.phase in sampled]
     assert sorted(phases) == sorted((phase, update) for phase in sampled for update in (1, 2))
+
+
+@ONE_RUN
+def test_the_rounds_manifest_carries_its_format_and_reads_the_one_before(uninterrupted, tmp_path):
+    """rounds.json is {"format": 2, "rounds": [...]}; a format-1 file (no key, the run's settings beside
+    the rounds) reads the same, and a format this version does not know is one line."""
+    stored = json.loads((uninterrupted / "rounds" / MANIFEST).read_text())
+    assert list(stored) == ["format", "rounds"] and stored["format"] == 2
+    records = read_records(uninterrupted / "rounds")
+    older = {"sync_every": 1, "groups_per_batch": 2, "updates": 3, "rounds": stored["rounds"]}
+    (tmp_path / MANIFEST).write_text(json.dumps(older))
+    assert read_records(tmp_path) == records
+    (tmp_path / MANIFEST).write_text(json.dumps({**stored, "format": 3}))
+    with pytest.raises(UserError) as refused:
+        read_records(tmp_path)
+    assert str(refused.value) == f"{tmp_path / MANIFEST} has format 3; this ggpo-offline reads format 1, 2"
 
 
 @ONE_RUN
@@ -399,7 +416,6 @@ def test_a_sampler_warmed_before_its_first_round_samples_what_a_cold_one_does(hf
     that fails is the next request's one line, not a lost answer."""
     from conftest import hf_pool_config
 
-    from ggpo_offline.core.errors import UserError
     from ggpo_offline.generate.resample import RemoteSampler
 
     warmed = RemoteSampler(timeout_s=600)

@@ -426,8 +426,8 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     training, and on test, evaluated once at the end on a borrowed engine."""
     from test_cli import ggpo
 
+    from ggpo_offline.evaluate.eval_report import EvalReport
     from ggpo_offline.evaluate.evaluator import Evaluator, evaluate
-    from ggpo_offline.evaluate.report import EvalReport
     from ggpo_offline.train.evaluation import eval_config, selected_update
     from ggpo_offline.train.run_folder import RunFolder
     from ggpo_offline.train.run_records import RunResult
@@ -540,8 +540,8 @@ def test_result_json_reads_back_typed_writes_the_same_bytes_and_tolerates_missin
 
 
 def test_checkpoint_selection_reads_validation_only_and_prefers_the_earliest_best():
-    from ggpo_offline.evaluate.report import EvalReport
-    from ggpo_offline.evaluate.scores import Scores
+    from ggpo_offline.evaluate.benchmark_scores import Scores
+    from ggpo_offline.evaluate.eval_report import EvalReport
     from ggpo_offline.train.evaluation import selected_update
 
     def report(mean: float) -> EvalReport:

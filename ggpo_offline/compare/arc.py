@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ggpo_offline.compare import render, stats
-from ggpo_offline.compare.ceilings import read_ceilings
+from ggpo_offline.compare.against_ceilings import read_ceilings
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import Counts
 from ggpo_offline.compare.finished_runs import (

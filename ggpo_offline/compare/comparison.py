@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ggpo_offline import __version__
+from ggpo_offline.compare.against_ceilings import CEILINGS_FILE, read_ceilings
 from ggpo_offline.compare.budget import budgeted
-from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings
 from ggpo_offline.compare.comparison_readme import reproduce_command, train_command, write_readme
 from ggpo_offline.compare.config import LOGS_FOLDER, RUNS_FOLDER, SLURM_FOLDER, CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE

@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.evaluate.eval_report import EvalReport
 from ggpo_offline.train.run_folder import RunFolder
-from ggpo_offline.train.run_records import RunResult, RunSettings
+from ggpo_offline.train.run_records import RunResult, RunSettings, best_update
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,10 @@ def points(counts: dict[str, int], n: int) -> np.ndarray:
 
 
 def selected(evaluations: dict, n: int) -> tuple[int, float]:
-    """The run's checkpoint selected on validation (best mean@n, the earliest among equals; the rule of
-    train.evaluation.selected_update) and its mean; ``evaluations``: update (int or str) -> counts."""
+    """The run's checkpoint selected on validation (`best_update` of its mean@n) and its mean;
+    ``evaluations``: update (int or str) -> counts."""
     means = {int(update): float(points(counts, n).mean()) for update, counts in evaluations.items()}
-    update = max(sorted(means), key=lambda u: (means[u], -u))
+    update = best_update(means)
     return update, means[update]
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ggpo_offline.compare.ceilings import CEILINGS_FILE, ceilings_section
+from ggpo_offline.compare.against_ceilings import CEILINGS_FILE, ceilings_section
 from ggpo_offline.compare.claims import Claims
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.figures import FIGURES, write_figures

@@ -4,8 +4,8 @@ scores recomputed with today's statistics."""
 from pathlib import Path
 
 from ggpo_offline.compare import render
+from ggpo_offline.compare.against_ceilings import CEILINGS_FILE, read_ceilings
 from ggpo_offline.compare.arc import ABLATIONS_FILE, ablation_table, read_ablation_runs
-from ggpo_offline.compare.ceilings import CEILINGS_FILE, read_ceilings
 from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.render import ReportData, arc_scores, compare_scores, tuning_scores

@@ -10,7 +10,7 @@ import numpy as np
 
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.counts import Counts
-from ggpo_offline.evaluate.scores import pass_at_k
+from ggpo_offline.evaluate.benchmark_scores import pass_at_k
 
 MEAN = "mean@n"
 

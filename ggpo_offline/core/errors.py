@@ -64,6 +64,16 @@ def write_json(data: dict, path: Path) -> None:
     replace_text(path, json.dumps(data, indent=2) + "\n")
 
 
+def stored_format(data: dict, readable: tuple[int, ...], path: Path) -> int:
+    """The format version of a record read from ``path``: its "format" key, 1 for a file written before
+    records carried one; UserError when it is none of ``readable`` (a later ggpo-offline wrote it)."""
+    version = data.get("format", 1)
+    if version not in readable:
+        shown = ", ".join(map(str, readable))
+        raise UserError(f"{path} has format {version!r}; this ggpo-offline reads format {shown}")
+    return version
+
+
 class JobFailure(UserError):
     """A process of the job died, hung or ran out of time (not bad input): a run can resume past it.
     ``lost_peer``: this process only saw another one stop answering (the cause is elsewhere)."""

@@ -14,10 +14,10 @@ from ggpo_offline.core.model_io import (
     tokenizer_sha256,
     weights_sha256,
 )
+from ggpo_offline.evaluate.benchmark_scores import aggregate, reported_ks
 from ggpo_offline.evaluate.config import DEFAULT_ARITH_PROBLEMS, EvalConfig
+from ggpo_offline.evaluate.eval_report import EvalReport, check_report_path
 from ggpo_offline.evaluate.generated import GeneratedText, PoolSupport
-from ggpo_offline.evaluate.report import EvalReport, check_report_path
-from ggpo_offline.evaluate.scores import aggregate, reported_ks
 from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
 from ggpo_offline.generate.engines import Engine, SamplingSettings, load_engine
 from ggpo_offline.generate.problems import Problem

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.generate.prompts import encode_prompt
-from ggpo_offline.importing.rollout import Rollout
+from ggpo_offline.importing.imported_response import Rollout
 from ggpo_offline.pool.validate import FINISH_REASONS
 
 

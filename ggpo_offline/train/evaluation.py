@@ -6,14 +6,15 @@ from pathlib import Path
 
 from ggpo_offline.core.errors import write_json
 from ggpo_offline.evaluate.config import EvalConfig
+from ggpo_offline.evaluate.eval_report import EvalReport
 from ggpo_offline.evaluate.evaluator import Evaluator
-from ggpo_offline.evaluate.remote import RemoteEvaluator
-from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.evaluate.remote_evaluator import RemoteEvaluator
 from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, doing, wait_for_main
 from ggpo_offline.train.metric_names import GENERATED_PREFIX
 from ggpo_offline.train.profile import RunProfile
 from ggpo_offline.train.run_folder import RunFolder
+from ggpo_offline.train.run_records import best_update
 
 
 def eval_config(config: TrainConfig, initial_model: Path, test: bool = False) -> EvalConfig:
@@ -30,9 +31,8 @@ def eval_due(config: TrainConfig, update: int) -> bool:
 
 
 def selected_update(evals: dict[int, EvalReport]) -> int:
-    """The checkpoint a run reports: the best suite mean@n on validation, the earliest among equals (a later
-    update must do better to be chosen)."""
-    return max(sorted(evals), key=lambda update: (evals[update].suite.mean_at_n, -update))
+    """The checkpoint a run reports: `best_update` of its validation suite mean@n."""
+    return best_update({update: report.suite.mean_at_n for update, report in evals.items()})
 
 
 def eval_metrics(report: EvalReport) -> dict[str, float]:

@@ -1,5 +1,5 @@
 """The learner tables of README.md, docs/learners.md (ablations) and docs/corrections.md as text, generated
-from the registry (never by hand); `tools/learner_table.py` writes them into those files."""
+from the registry (never by hand); `tools/write_learner_tables.py` writes them into those files."""
 
 from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError
@@ -44,7 +44,7 @@ def _refresh_cell(entry: Learner) -> str:
 def markdown_table(ablations: bool = False) -> str:
     """The learner table of README.md, one row per registry entry that is not an ablation, or with
     ``ablations`` docs/learners.md's table of the ablations (written between the files' markers by
-    `tools/learner_table.py`)."""
+    `tools/write_learner_tables.py`)."""
     header = [
         "method",
         "label",

@@ -9,7 +9,9 @@ minibatch and refuses a mismatch.
 
 import json
 import os
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import suppress
 from pathlib import Path
 
@@ -90,14 +92,14 @@ def score_pool(
     on_progress: Callable[[int, int], None] | None = None,
     sharded: bool = False,
     packed: bool = True,
+    model: torch.nn.Module | None = None,
 ) -> "Pi0Cache":
     """Write (or find) the π0 cache of ``pool`` for ``model_dir`` and open it; ``temperature``: the pool's
     (`learner_temperature`), as the learner's log-probs use it; ``sharded``: for a learner that FSDP2 shards
     (on CUDA its weights compute in bf16, and so do π0's here); ``packed``: scored with packed forwards, as
-    a learner without --no-packing runs. An existing cache is reused only when its key (`cache_key`)
-    matches; a stale one is replaced. Written through a temporary file renamed into place."""
-    from transformers import AutoModelForCausalLM
-
+    a learner without --no-packing runs; ``model``: ``model_dir``'s, already loaded (`scoring_model`). An
+    existing cache is reused only when its key (`cache_key`) matches; a stale one is replaced. Written
+    through a temporary file renamed into place."""
     key = cache_key(pool, model_dir, device, temperature, sharded, packed)
     target = cache_path(pool.path, key)
     if target.is_file() and _read_key(target) == key:
@@ -105,8 +107,7 @@ def score_pool(
     index = pool.index
     tokenizer = load_tokenizer(model_dir)
     reader = MinibatchReader(pool.path, index, pad_id=tokenizer.pad_token_id or 0)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
-    cast_parameters(model, compute_dtype(device, sharded))
+    model = scoring_model(model_dir, device, sharded) if model is None else model
     groups = index.mixed_group_ids.tolist()
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     with writing(target):  # disk full or folder not writable: one UserError naming the cache
@@ -151,6 +152,32 @@ def ensure_pi0_cache(
     model_dir = initial_model_dir(model, checked.info.model.location)
     temperature = learner_temperature(checked.path, checked.info.sampling)
     return checked, score_pool(checked, model_dir, device_of(), temperature, on_progress)
+
+
+def scoring_model(model_dir: Path, device: torch.device, sharded: bool = False) -> torch.nn.Module:
+    """``model_dir``'s model as `score_pool` runs it: float32 weights in the learner's compute dtype."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+    cast_parameters(model, compute_dtype(device, sharded))
+    return model
+
+
+class ScoringCache:
+    """A `Pi0Cache` that another thread of this process is scoring (`score_pi0`'s ``beside``): reading it
+    waits for that thread."""
+
+    def __init__(self, scoring: "Future[Pi0Cache]"):
+        self.scoring = scoring
+
+    def wait(self) -> float:
+        """Seconds waited for the scoring to end (0 when it had)."""
+        start = time.perf_counter()
+        self.scoring.result()
+        return time.perf_counter() - start
+
+    def logprobs(self, batch: Minibatch) -> torch.Tensor:
+        return self.scoring.result().logprobs(batch)
 
 
 class Pi0Cache:

@@ -26,7 +26,10 @@ PHASES = {
     "round_scoring": "waiting for the round's rewards (scored while the next batch samples: what is left)",
     "round_writing": "the round's batches stored and its pool written",
     "round_index": "reading and indexing the round's pool",
-    "round_reference": "π_ref's log-probs of the round's responses (the methods that have one)",
+    "round_reference": (
+        "π_ref's log-probs of the round's responses (the methods that have one); a run of one process on one "
+        "thread scores them beside its update's forward, and this is its wait for them"
+    ),
     "round_assemble": "--lag mixed: the round's pool written from one share of each version's sample",
     "round_rescore": "--behavior-logprobs learner: the learner's log-probs of the round on its sampler",
     "round_diagnostics": "a round of several updates: its mismatch, entropy and length (one forward)",

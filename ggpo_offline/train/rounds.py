@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ggpo_offline.core.errors import UserError, write_json
+from ggpo_offline.core.errors import UserError, stored_format, write_json
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.pool_index import (
     CheckedPool,
@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 ROUNDS = "rounds"
 MANIFEST = "rounds.json"
+MANIFEST_FORMATS = (1, 2)
+"""The layouts of rounds.json this version reads, the last one written: {"format": 2, "rounds": [RoundRecord,
+...]}; format 1 (no "format" key) also held the run's sync_every, groups_per_batch and updates, which
+nothing read."""
 
 
 @dataclass(frozen=True)
@@ -149,19 +153,15 @@ def read_records(folder: Path) -> list[RoundRecord]:
         return []
     try:
         stored = json.loads(path.read_text())
+        stored_format(stored, MANIFEST_FORMATS, path)
         return [RoundRecord(**record) for record in stored["rounds"]]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise UserError(f"{path} cannot be read as a run's rounds ({type(error).__name__})") from None
 
 
-def write_records(folder: Path, config: TrainConfig, records: list[RoundRecord]) -> None:
+def write_records(folder: Path, records: list[RoundRecord]) -> None:
     write_json(
-        {
-            "sync_every": config.sync_every,
-            "groups_per_batch": config.groups_per_batch,
-            "updates": config.updates,
-            "rounds": [asdict(record) for record in records],
-        },
+        {"format": MANIFEST_FORMATS[-1], "rounds": [asdict(record) for record in records]},
         Path(folder) / MANIFEST,
     )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ggpo_offline.core.errors import UserError, replace_text, writing
 from ggpo_offline.core.one_writer import clear_but_the_lock, holds_only_the_lock
-from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.evaluate.eval_report import EvalReport
 from ggpo_offline.train.metric_names import UPDATE
 from ggpo_offline.train.profile import PhaseTime
 from ggpo_offline.train.run_records import CONFIG_FILE, RESULT_FILE, RunResult, RunSettings

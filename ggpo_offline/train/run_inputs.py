@@ -26,9 +26,13 @@ from ggpo_offline.train.pool_index import (
 from ggpo_offline.train.rounds import RoundSchedule
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
     from ggpo_offline.generate.resample import PromptSource
     from ggpo_offline.train.distributed import Ranks
-    from ggpo_offline.train.pi0_cache import Pi0Cache
+    from ggpo_offline.train.pi0_cache import Pi0Cache, ScoringCache
     from ggpo_offline.train.rounds import RoundRecord
 
 
@@ -190,25 +194,36 @@ def score_pi0(
     ranks: "Ranks | None" = None,
     pool: CheckedPool | None = None,
     model_dir: Path | None = None,
-) -> "Pi0Cache":
+    beside: "ThreadPoolExecutor | None" = None,
+) -> "Pi0Cache | ScoringCache":
     """The initial model's log-probs of the pool with the run's numerics: scored once per pool, model and
     numerics (a no-op when the cache exists) and shared by every run on the pool. Under torchrun rank 0
     scores while the others wait, then every rank opens the cache. ``pool`` and ``model_dir``: another
-    pool (a round's) and another model (a checkpoint's) scored the same way."""
+    pool (a round's) and another model (a checkpoint's) scored the same way. ``beside``: a thread of this
+    one process that runs the forwards while the caller goes on (the model is loaded here, as loading
+    changes torch's global state); the cache returned waits for it when read (`ScoringCache`)."""
     from ggpo_offline.train.distributed import SINGLE_PROCESS, device_of, doing, wait_for_main
-    from ggpo_offline.train.pi0_cache import score_pool
+    from ggpo_offline.train.pi0_cache import ScoringCache, score_pool, scoring_model
 
     ranks = SINGLE_PROCESS if ranks is None else ranks
     sharded, device = ranks.distributed and config.fsdp, device_of(ranks)
     pool = inputs.pool if pool is None else pool
     model_dir = inputs.model_dir if model_dir is None else model_dir
 
-    def score() -> "Pi0Cache":
+    def score(model: "torch.nn.Module | None" = None) -> "Pi0Cache":
         return score_pool(
-            pool, model_dir, device, inputs.temperature, sharded=sharded, packed=not config.no_packing
+            pool,
+            model_dir,
+            device,
+            inputs.temperature,
+            sharded=sharded,
+            packed=not config.no_packing,
+            model=model,
         )
 
     doing(f"scoring the log-probs of {pool.path.name}" if ranks.main else "waiting for the log-prob cache")
+    if beside is not None:
+        return ScoringCache(beside.submit(score, scoring_model(model_dir, device, sharded)))
     cache = score() if ranks.main else None
     wait_for_main(ranks)
     return score() if cache is None else cache  # the other ranks open what rank 0 wrote

@@ -158,3 +158,9 @@ class RunResult:
     @classmethod
     def read(cls, run_dir: Path) -> "RunResult":
         return cls.from_dict(json.loads((Path(run_dir) / RESULT_FILE).read_text()))
+
+
+def best_update(means: dict[int, float]) -> int:
+    """The selection rule (`RunResult.selected_update`): the update of the best validation mean, the
+    earliest among equals (a later update must do better to be chosen)."""
+    return max(sorted(means), key=lambda update: (means[update], -update))

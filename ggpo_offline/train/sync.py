@@ -3,6 +3,7 @@ checkpoint that starts it (or read), its minibatches, its π_ref and behavior lo
 measured on the sampling policy before any update on it."""
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,7 @@ from ggpo_offline.train.update_metrics import RoundMismatch
 if TYPE_CHECKING:
     from ggpo_offline.generate.config import GenerateConfig
     from ggpo_offline.generate.resample import LocalSampler, RemoteSampler, SampledRound
+    from ggpo_offline.train.pi0_cache import Pi0Cache, ScoringCache
 
 
 class RunRounds:
@@ -59,12 +61,13 @@ class RunRounds:
         if not self.records:
             self.records = [first_record(inputs.pool, inputs.plan, inputs.prompt_source)]
             if ranks.main:
-                write_records(self.dir, config, self.records)
+                write_records(self.dir, self.records)
         self.schedule = RoundSchedule.of(config)
         self.starts = [r.start for r in self.records] if self.replay else self.schedule.starts
         sampled = range(1, 1 if self.replay else len(self.starts))  # a replay samples none
         self.samplers = {self.schedule.version(index) for index in sampled}
         self._sampler: LocalSampler | RemoteSampler | None = None
+        self._beside: ThreadPoolExecutor | None = None
         self._warm()
 
     # -- the schedule -------------------------------------------------------------------------------
@@ -94,10 +97,7 @@ class RunRounds:
         behavior = self._behavior(round_)
         minibatches.enter(round_.pool, round_.plan, round_.start, behavior)
         if index > 0 and trainer.needs_ref:
-            with self.profile.phase("round_reference", update):
-                trainer.reference = score_pi0(
-                    self.config, self.inputs, self.ranks, round_.pool, self._reference(update)
-                )
+            trainer.reference = self._round_reference(update, round_)
         if update != round_.start:
             return {}, None
         if minibatches.end - round_.start == 1:
@@ -142,7 +142,7 @@ class RunRounds:
         record = sampled_record(self.config, index, pool, sampler, next_prompt)
         self.records.append(record)
         if self.ranks.main:
-            write_records(self.dir, self.config, self.records)
+            write_records(self.dir, self.records)
         return Round(record, pool)
 
     def _sample_path(self, index: int) -> Path:
@@ -204,6 +204,19 @@ class RunRounds:
         counts = read_pool_info(self._sample_path(len(self.records) - 1)).counts
         return counts.mixed_groups / counts.prompts
 
+    def _round_reference(self, update: int, round_: Round) -> "Pi0Cache | ScoringCache":
+        """π_ref's log-probs of the round's responses (`score_pi0`). A run of one process on one thread has
+        them scored in a thread of its own while its update's forward runs (the round's sampler, which
+        used both cores, is idle then), and the loss waits for them: the wait is the step's
+        ``round_reference``; a forward on each core gives each its single-thread numbers."""
+        reference = self._reference(update)
+        if self.ranks.distributed or torch.get_num_threads() != 1:
+            with self.profile.phase("round_reference", update):
+                return score_pi0(self.config, self.inputs, self.ranks, round_.pool, reference)
+        if self._beside is None:
+            self._beside = ThreadPoolExecutor(max_workers=1, thread_name_prefix="round-reference")
+        return score_pi0(self.config, self.inputs, self.ranks, round_.pool, reference, beside=self._beside)
+
     def _reference(self, update: int) -> Path:
         """π_ref's weights at ``update``: the initial model until the first refresh, then the checkpoint of
         the last one."""
@@ -225,6 +238,8 @@ class RunRounds:
     def close(self) -> None:
         if self._sampler is not None:
             self._sampler.close()
+        if self._beside is not None:
+            self._beside.shutdown(cancel_futures=True)
 
 
 def group_versions(round_: Round) -> dict[int, int]:

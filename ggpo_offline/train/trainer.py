@@ -15,8 +15,8 @@ from torch import Tensor
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.model_io import load_tokenizer
 from ggpo_offline.core.one_writer import one_writer
+from ggpo_offline.evaluate.eval_report import EvalReport
 from ggpo_offline.evaluate.evaluator import Evaluator
-from ggpo_offline.evaluate.report import EvalReport
 from ggpo_offline.train.checkpoint import RankState, RunState, load_state, resume_point, save_checkpoint
 from ggpo_offline.train.config import DEFAULT_TIMEOUTS, Timeouts, TrainConfig
 from ggpo_offline.train.distributed import (
@@ -39,7 +39,7 @@ from ggpo_offline.train.loss_inputs import LossInputs, MinibatchCounts
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
 from ggpo_offline.train.metric_names import FILTERED_FRAC
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
-from ggpo_offline.train.pi0_cache import Pi0Cache
+from ggpo_offline.train.pi0_cache import Pi0Cache, ScoringCache
 from ggpo_offline.train.probe import DriftProbe, drift_probe
 from ggpo_offline.train.profile import RunProfile
 from ggpo_offline.train.run_inputs import (
@@ -255,12 +255,16 @@ class Trainer:
             counts.token_count, responses, self.needs_ref, self.ranks, ages, round_mismatch
         )
         self.optimizer.zero_grad(set_to_none=True)
-        with self.profile.phase("forward_backward", self.update):
+        with self.profile.phase("forward_backward", self.update) as waited:
             for position, micro in enumerate(micros):
-                constants = self._constants(micro, position)
                 mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
                 with gradient_sync(self.policy, enabled=position == len(micros) - 1):
                     logp, entropy = self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)
+                    if position == 0 and isinstance(
+                        self.reference, ScoringCache
+                    ):  # scored beside the forward
+                        waited["round_reference"] = self.reference.wait()
+                    constants = self._constants(micro, position)
                     result = self._loss(micro, logp, mask, counts, constants)
                     # DDP and FSDP2 average gradients over ranks; a loss normalized by the global T_tok wants
                     # their sum, the 1-process gradient.

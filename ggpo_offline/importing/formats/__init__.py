@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import Literal
 
 from ggpo_offline.importing.formats import generic, nemo_rl, prime_rl, trl, vllm_server
-from ggpo_offline.importing.rollout import Rollout
+from ggpo_offline.importing.imported_response import Rollout
 
 ImportFormat = Literal["generic", "nemo-rl", "prime-rl", "trl", "vllm"]
 

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.importing.fields import finite, get
+from ggpo_offline.importing.imported_response import Rollout
 from ggpo_offline.importing.jsonl import json_lines
-from ggpo_offline.importing.rollout import Rollout
 
 FIELDS = {
     "prompt": "the prompt text (or prompt_token_ids, or both)",

@@ -13,8 +13,8 @@ from pathlib import Path
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.importing.fields import finite, get
 from ggpo_offline.importing.formats.masked import split_sequence
+from ggpo_offline.importing.imported_response import Rollout
 from ggpo_offline.importing.jsonl import json_lines
-from ggpo_offline.importing.rollout import Rollout
 
 
 def rollouts(paths: list[Path]) -> Iterator[Rollout]:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from ggpo_offline.core.remote import RemoteWorker, serve
 from ggpo_offline.evaluate.config import EvalConfig
-from ggpo_offline.evaluate.report import EvalReport
+from ggpo_offline.evaluate.eval_report import EvalReport
 
 
 class RemoteEvaluator:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.evaluate.scores import BenchmarkScores, Scores
+from ggpo_offline.evaluate.benchmark_scores import BenchmarkScores, Scores
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Write the registry's learner tables (`ggpo_offline.train.learner_table`) into README.md, docs/learners.md
-and docs/corrections.md: `python tools/learner_table.py`, or `python tools/learner_table.py PATH` for that
-README only."""
+and docs/corrections.md: `python tools/write_learner_tables.py`, or `python tools/write_learner_tables.py
+PATH` for that README only."""
 
 import sys
 from pathlib import Path

@@ -8,7 +8,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from ggpo_offline.evaluate.report import EvalReport
+    from ggpo_offline.evaluate.eval_report import EvalReport
     from ggpo_offline.pool.inspect import PoolSummary
     from ggpo_offline.train.sampler_mismatch import SamplerMismatch
 
