@@ -185,13 +185,7 @@ def value_problem(cls: type, name: str, value) -> str | None:
     for item in items:
         wrong_kind = isinstance(item, bool) or not isinstance(item, int if kind is int else (int, float))
         if wrong_kind:
-            noun = (
-                ("whole numbers" if many else "a whole number")
-                if kind is int
-                else "numbers"
-                if many
-                else "a number"
-            )
+            noun = _LIST_WORDS[kind] if many else {int: "a whole number", float: "a number"}[kind]
             return f"--{flag}{what} must be {noun}, got {item!r}"
         if valid is not None and not valid.admits(item):
             word = none_word(cls, name)
