@@ -13,7 +13,16 @@ from test_cli import assert_one_error_line, ggpo_here
 from test_report import _record, _report, refuse_reading_back
 
 from ggpo_offline.compare import arc as arc_module
-from ggpo_offline.compare.arc import _records, ablation_runs, ablation_table, arc_report, styles_table
+from ggpo_offline.compare.arc import (
+    ABLATIONS_COUNTS,
+    _records,
+    ablation_runs,
+    ablation_table,
+    arc_report,
+    read_ablation_runs,
+    styles_table,
+    write_ablation_runs,
+)
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.finished_runs import RunRecord
@@ -130,7 +139,7 @@ DEFAULT_GGPO = {0: BASE, 4: [4, 5, 6, 7], 6: [7, 6, 5, 4], 8: [2, 3, 4, 5]}  # p
 ABLATED_GGPO = {0: BASE, 4: [3] * 4, 6: [5, 6, 7, 8], 7: [8, 7, 6, 5], 8: [3, 4, 5, 6]}  # peak 81.25 at 6, 7
 
 
-def test_ablations_are_compared_with_the_default_run_at_its_peak_and_final_update():
+def test_ablations_are_compared_with_the_default_run_at_its_peak_and_final_update(tmp_path):
     counts = Counts.from_records([_run("ggpo", 42, DEFAULT_GGPO)], ["ggpo"], [42])
     ablations = ablation_runs(
         {
@@ -139,15 +148,21 @@ def test_ablations_are_compared_with_the_default_run_at_its_peak_and_final_updat
             "beta-0.03": [_run("ggpo", 42, DEFAULT_GGPO), _run("ggpo", 7, ABLATED_GGPO)],
         }
     )
-    assert [(r["setting"], r["method"], r["seed"]) for r in ablations["runs"]] == [
+    assert [(r.setting, r.method, r.seed) for r in ablations] == [
         ("beta-0.003", "agro", 42),
         ("beta-0.003", "ggpo", 42),
         ("beta-0.03", "ggpo", 42),
         ("beta-0.03", "ggpo", 7),
     ]
-    assert ablations["runs"][1]["evaluations"]["8"] == {"p0": 3, "p1": 4, "p2": 5, "p3": 6}
-    # The table comes back from the JSON alone (as ablations.json is read when a report is recomputed).
-    assert ablation_table(counts, json.loads(json.dumps(ablations))).split("\n") == [
+    assert ablations[1].evaluations["8"] == {"p0": 3, "p1": 4, "p2": 5, "p3": 6}
+    # The table comes back from the file alone (as ablations.json is read when a report is recomputed).
+    write_ablation_runs(tmp_path, ablations)
+    assert read_ablation_runs(tmp_path) == ablations
+    stored = json.loads((tmp_path / ABLATIONS_COUNTS).read_text())
+    (tmp_path / ABLATIONS_COUNTS).write_text(json.dumps({**stored, "format": "ggpo-offline ablations 9"}))
+    with pytest.raises(UserError, match="ablations.json has format 'ggpo-offline ablations 9'"):
+        read_ablation_runs(tmp_path)
+    assert ablation_table(counts, ablations).split("\n") == [
         "### Ablations on validation (mean@n %, mean over seeds): peak and final beside the default settings",
         "",
         "| setting | method | seeds | peak (updates) | final | peak − final [95 %] | final − default final"

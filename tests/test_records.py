@@ -31,8 +31,8 @@ JSON_READERS = {
     "ggpo_offline/evaluate/eval_report.py": "an evaluation report (EvalReport)",
     "ggpo_offline/compare/manifest.py": "compare.json (CompareManifest)",
     "ggpo_offline/compare/counts.py": "counts.json (Counts)",
-    "ggpo_offline/compare/arc.py": "ablations.json (write_ablation_runs / read_ablation_runs)",
-    "ggpo_offline/compare/tuning.py": "tuning.json (write_sweep / read_sweep)",
+    "ggpo_offline/compare/arc.py": "ablations.json (AblationRun)",
+    "ggpo_offline/compare/tuning.py": "tuning.json (Sweep)",
     "ggpo_offline/compare/render.py": "report.json (ReportData): a report's sections from its runs",
     "ggpo_offline/compare/against_ceilings.py": "the --ceilings report of `measure-styles --json`",
     "ggpo_offline/pool/schema.py": "the pool footer (PoolInfo)",
@@ -84,11 +84,18 @@ def test_run_settings_write_the_bytes_of_config_json_and_read_back(tmp_path):
     fingerprints = {"pool_fingerprint": "p" * 64, "data_order_fingerprint": "d" * 64}
     RunSettings.of(config, fingerprints).write(tmp_path)
     text = (tmp_path / CONFIG_FILE).read_text()
-    assert text == json.dumps({**config.to_dict(), **fingerprints}, indent=2)  # what runs have written
+    assert text == json.dumps({"format": 2, **config.to_dict(), **fingerprints}, indent=2)
     settings = RunFolder(tmp_path).read_settings()
-    assert settings == RunSettings.of(config, fingerprints) and RunSettings.FORMAT == 1
+    assert settings == RunSettings.of(config, fingerprints) and RunSettings.FORMATS == (1, 2)
     assert (settings.pool, settings.lr, settings.beta, settings.eval_n) == ("pool.parquet", 3e-4, 0.01, 32)
-    assert settings.setting("eval_ks") == [1, 2] and settings.setting("removed_long_ago") is None
+    assert (settings.method, settings.sync_every, settings.pool_fingerprint) == ("ggpo", None, "p" * 64)
+    assert settings.only(("eval_ks", "removed_long_ago")) == {"eval_ks": [1, 2], "removed_long_ago": None}
+    # A format-1 file (what runs wrote before the key) reads the same; a later format is one line.
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**config.to_dict(), **fingerprints}, indent=2))
+    assert RunSettings.read(tmp_path) == settings
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({"format": 3, **settings.values}))
+    with pytest.raises(UserError, match=r"config\.json has format 3; this ggpo-offline reads format 1, 2$"):
+        RunSettings.read(tmp_path)
     assert settings.only(("method", "seed")) == {"method": "ggpo", "seed": 42}
     assert settings.without(("lr",)) == {k: v for k, v in settings.values.items() if k != "lr"}
     assert RunSettings.read(tmp_path / "never-started") == RunSettings({})
@@ -99,11 +106,16 @@ def test_run_result_round_trips_and_marks_the_run_finished(tmp_path):
     result = RunResult(run_id=None, pool_fingerprint="p", updates=4, final_model="final", selected_update=2)
     result.write(tmp_path)
     assert RunResult.read(tmp_path) == result and RunFolder(tmp_path).read_result() == result
-    assert (tmp_path / RESULT_FILE).read_text() == json.dumps(result.to_dict(), indent=2) + "\n"
+    assert (tmp_path / RESULT_FILE).read_text() == json.dumps(
+        {"format": 2, **result.to_dict()}, indent=2
+    ) + "\n"
     assert RunFolder(tmp_path).is_finished()
+    (tmp_path / RESULT_FILE).write_text(json.dumps(result.to_dict()))  # format 1: no key
+    assert RunResult.read(tmp_path) == result
 
 
 MANIFEST = """{
+  "format": 2,
   "status": "finished",
   "tool_version": "0.1.0",
   "updated": "2026-01-02T03:04:05+00:00",
@@ -138,7 +150,7 @@ def test_the_compare_manifest_reads_back_and_writes_the_same_bytes(tmp_path):
     (tmp_path / MARKER).write_text(MANIFEST)
     manifest = CompareManifest.read(tmp_path)
     assert manifest.runs["ggpo-s1"] == ManifestRun("reports/x/runs/ggpo-s1", "reuse")
-    assert (manifest.methods, manifest.seeds, manifest.FORMAT) == (("grpo", "ggpo"), (1,), 1)
+    assert (manifest.methods, manifest.seeds, manifest.FORMATS) == (("grpo", "ggpo"), (1,), (1, 2))
     assert manifest.run_folders() == {
         RunId("grpo", 1): Path("reports/x/runs/grpo-s1"),
         RunId("ggpo", 1): Path("reports/x/runs/ggpo-s1"),
@@ -147,6 +159,8 @@ def test_the_compare_manifest_reads_back_and_writes_the_same_bytes(tmp_path):
     out.mkdir()
     manifest.write(out)
     assert (out / MARKER).read_text() == MANIFEST and CompareManifest.read(out) == manifest
+    (out / MARKER).write_text(MANIFEST.replace('"format": 2,\n  ', ""))  # format 1, as reports committed it
+    assert CompareManifest.read(out) == manifest
     with pytest.raises(UserError, match=r"no compare\.json; give folders written by ggpo compare$"):
         CompareManifest.read(tmp_path / "elsewhere")
 
@@ -155,17 +169,22 @@ def test_checkpoint_states_round_trip_and_an_older_one_reads_without_what_it_lac
     run = RunState(3, {"state": {}}, [torch.ones(2)], torch.get_rng_state(), "r1", {"lr": 1.0}, 2)
     rank = RankState(torch.zeros(2), None, None, probe_pi0=torch.ones(1))
     assert list(run.to_dict()) == [
-        "update", "optimizer", "ess_log_weights", "torch_rng", "run_id", "config", "world",
+        "format", "update", "optimizer", "ess_log_weights", "torch_rng", "run_id", "config", "world",
     ]  # fmt: skip
-    assert list(rank.to_dict()) == ["ref_window", "old_window", "optimizer", "probe_pi0"]
+    assert list(rank.to_dict()) == ["format", "ref_window", "old_window", "optimizer", "probe_pi0"]
     torch.save(run.to_dict(), tmp_path / STATE_FILE)
     torch.save(rank.to_dict(), tmp_path / "rank-000.pt")
     read_run, read_rank = load_state(tmp_path, rank=0)
     assert (read_run.update, read_run.run_id, read_run.config, read_run.world) == (3, "r1", {"lr": 1.0}, 2)
     assert torch.equal(read_run.torch_rng, run.torch_rng) and torch.equal(read_rank.probe_pi0, torch.ones(1))
-    older = {k: v for k, v in run.to_dict().items() if k != "world"}
-    assert RunState.from_dict(older).world is None
-    assert RankState.from_dict({"ref_window": None, "old_window": None, "optimizer": None}).probe_pi0 is None
+    older = {k: v for k, v in run.to_dict().items() if k not in ("format", "world")}  # format 1
+    assert RunState.from_dict(older, tmp_path / STATE_FILE).world is None
+    first = {"ref_window": None, "old_window": None, "optimizer": None}
+    assert RankState.from_dict(first, tmp_path / "rank-000.pt").probe_pi0 is None
+    with pytest.raises(
+        UserError, match=r"trainer_state\.pt has format 3; this ggpo-offline reads format 1, 2$"
+    ):
+        RunState.from_dict({**run.to_dict(), "format": 3}, tmp_path / STATE_FILE)
     assert load_state(tmp_path, rank=None)[1] is None
 
 
@@ -182,14 +201,14 @@ def test_a_trained_runs_files_read_through_their_records(hf_pool, tmp_path):
     folder = RunFolder(result.run_dir)
     text = folder.config_file.read_text()
     settings = folder.read_settings()
-    assert settings.values == json.loads(text) and settings.updates == 2
-    assert settings.setting("method") == "ggpo" and settings.pool == str(hf_pool)
+    assert {"format": 2, **settings.values} == json.loads(text) and settings.updates == 2
+    assert settings.method == "ggpo" and settings.pool == str(hf_pool)
     copy = tmp_path / "copy"
     copy.mkdir()
     settings.write(copy)
     assert (copy / CONFIG_FILE).read_text() == text
     finished = folder.read_result()
-    assert finished.updates == 2 and finished.pool_fingerprint == settings.setting("pool_fingerprint")
+    assert finished.updates == 2 and finished.pool_fingerprint == settings.pool_fingerprint
     assert json.dumps(finished.to_dict(), indent=2) + "\n" == folder.result_file.read_text()
     checkpoint = resume_point(folder, config, SINGLE_PROCESS)
     run_state, rank_state = load_state(checkpoint, rank=0)

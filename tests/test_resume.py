@@ -20,7 +20,7 @@ from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.one_writer import one_writer
 from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.generate.pipeline import GenerateConfig, generate_pool
-from ggpo_offline.pool.partial import PROGRESS_FILE, partial_dir
+from ggpo_offline.pool.partial import PROGRESS_FILE, StoredProgress, partial_dir
 from ggpo_offline.pool.source import read_pool_info
 
 
@@ -43,6 +43,30 @@ def crash_after(batches: int):
 
 def parts(out) -> list[str]:
     return [p["file"] for p in json.loads((partial_dir(out) / PROGRESS_FILE).read_text())["parts"]]
+
+
+def test_the_progress_record_reads_as_its_type_and_another_version_is_one_line(tmp_path):
+    """progress.json is a `StoredProgress` of `StoredPart`s whose counts sum to what was stored; one of a
+    version this one does not read is refused in one line, and its parts stay."""
+    out = tmp_path / "p.parquet"
+    with pytest.raises(Crash):
+        generate_pool(hf_config(out), on_batch=crash_after(2))
+    stored = StoredProgress.read(out)
+    assert [part.file for part in stored.parts] == ["part-000000.parquet", "part-000001.parquet"]
+    assert [part.rows for part in stored.parts] == [8, 8] and stored.totals.prompts_done == 8
+    assert stored.totals.responses == 16 and 0 <= stored.totals.reward_sum <= 16
+    record = json.loads((partial_dir(out) / PROGRESS_FILE).read_text())
+    (partial_dir(out) / PROGRESS_FILE).write_text(json.dumps({**record, "version": 2}))
+    with pytest.raises(UserError) as refused:
+        generate_pool(hf_config(out))
+    state = partial_dir(out)
+    assert str(refused.value) == (
+        f"{state / PROGRESS_FILE} is unreadable (version 2, expected 1); delete {state} to start over"
+    )
+    assert sorted(p.name for p in partial_dir(out).glob("part-*")) == [
+        "part-000000.parquet",
+        "part-000001.parquet",
+    ]
 
 
 def test_a_crashed_run_resumes_and_ends_with_the_uninterrupted_pool(tmp_path):

@@ -12,7 +12,7 @@ from test_cli import assert_one_error_line, ggpo, ggpo_here
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.tables import rate_text
-from ggpo_offline.compare.tuning import TUNING_FILE, chosen_rates, tune_report, tuning_tables
+from ggpo_offline.compare.tuning import TUNING_FILE, Sweep, chosen_rates, tune_report, tuning_tables
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.learners import LEARNERS, TUNED_LR, PerLearner
 from ggpo_offline.train.training_presets import PRESETS, resolve_config
@@ -52,11 +52,16 @@ def _sweep_parts(root, sweep=SWEEP, extra=None):
 
 def test_each_learner_gets_the_rate_whose_run_peaks_highest_and_the_report_comes_back_from_its_json(tmp_path):
     out = tune_report(TuneConfig(parts=_sweep_parts(tmp_path), out=tmp_path / "tuning"))
-    sweep = json.loads((out / TUNING_FILE).read_text())
+    stored = json.loads((out / TUNING_FILE).read_text())
+    assert stored["format"] == 2
+    sweep = Sweep.read(out)
+    later = tmp_path / "later"
+    later.mkdir()
+    (later / TUNING_FILE).write_text(json.dumps({**stored, "format": 3}))
+    with pytest.raises(UserError, match=r"tuning.json has format 3; this ggpo-offline reads format 1, 2$"):
+        Sweep.read(later)
     assert chosen_rates(sweep) == {"grpo": 3e-4, "ggpo": 1e-4}
-    assert sweep["seeds"] == [42] and sweep["runs"]["grpo"]["3e-4"]["42"]["4"] == {
-        f"p{i}": 7 for i in range(8)
-    }
+    assert sweep.seeds == [42] and sweep.runs["grpo"]["3e-4"]["42"]["4"] == {f"p{i}": 7 for i in range(8)}
     readme = (out / "README.md").read_text()
     assert tuning_tables(sweep) in readme  # the tables are recomputed from tuning.json alone
     assert "seeds 42, U = 8 updates of G = 4 groups, validation 4 problems × 8 every 4 updates" in readme
@@ -100,8 +105,8 @@ def _selected_rows(method, lr, updates):
 
 def test_with_seeds_each_run_selects_its_own_checkpoint_and_the_margins_are_one_calibrated_family(tmp_path):
     out = tune_report(TuneConfig(parts=_sweep_parts(tmp_path, SEEDED), out=tmp_path / "tuning"))
-    sweep = json.loads((out / TUNING_FILE).read_text())
-    assert sweep["seeds"] == [42, 1234, 2027] and "seed" not in sweep["settings"]
+    sweep = Sweep.read(out)
+    assert sweep.seeds == [42, 1234, 2027] and "seed" not in sweep.settings
     assert chosen_rates(sweep) == {"grpo": 3e-4, "ggpo": 1e-4}
     # Paired by seed and problem at each run's own checkpoint; both learners' margins form one Holm family.
     grpo, ggpo = stats.judge([
@@ -170,9 +175,9 @@ def test_the_presets_rates_are_the_ones_the_committed_sweeps_chose():
     docs = Path(__file__).resolve().parents[1] / "docs"
     chosen: dict[str, float] = {}
     for folder in (docs / "tuning", docs / "corrections" / "tuning"):
-        sweep = json.loads((folder / TUNING_FILE).read_text())
+        sweep = Sweep.read(folder)  # committed as format 1: no "format" key
         assert not chosen.keys() & chosen_rates(sweep).keys(), folder
         chosen |= chosen_rates(sweep)
         assert tuning_tables(sweep) in (folder / "README.md").read_text()
-        assert len(sweep["seeds"]) >= 2 and sweep["settings"]["updates"] == PRESETS["tiny"]["updates"]
+        assert len(sweep.seeds) >= 2 and sweep.settings["updates"] == PRESETS["tiny"]["updates"]
     assert chosen == TUNED_LR.chosen

@@ -3,6 +3,7 @@ comparison report, the ablations beside the default settings, and the style shar
 
 import json
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from ggpo_offline.compare.render import ReportData, Section, arc_scores, written
 from ggpo_offline.compare.report import Report, write_report
 from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
-from ggpo_offline.core.errors import UserError, replace_text, write_json
+from ggpo_offline.core.errors import UserError, replace_text, stored_format, write_json
 from ggpo_offline.generate.engines.base import EngineName
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train.learners import learner
@@ -121,15 +122,34 @@ def _ablation_parts(folder: Path) -> dict[str, list[RunRecord]]:
     return {p.name: part_records(p) for p in sorted(folder.iterdir()) if (p / MARKER).is_file()}
 
 
-def write_ablation_runs(folder: Path, runs: dict) -> None:
-    """ablations.json: the ablation runs' validation counts (`ablation_runs`)."""
-    replace_text(folder / ABLATIONS_COUNTS, json.dumps(runs, indent=1) + "\n")
+@dataclass(frozen=True)
+class AblationRun:
+    """One ablation run's per-problem validation counts: a run of ablations.json."""
+
+    setting: str
+    """The ablation's folder name (``beta-0.003``)."""
+    method: str
+    seed: int
+    n: int
+    evaluations: dict[str, dict[str, int]]
+    """update (text) -> prompt id -> correct count."""
 
 
-def read_ablation_runs(folder: Path) -> dict | None:
-    """The ablation runs `write_ablation_runs` wrote into ``folder``; None where it holds none."""
+def write_ablation_runs(folder: Path, runs: list[AblationRun]) -> None:
+    """ablations.json: the ablation runs' validation counts (`ablation_runs`), with its format."""
+    record = {"format": ABLATIONS_FORMAT, "runs": [asdict(run) for run in runs]}
+    replace_text(folder / ABLATIONS_COUNTS, json.dumps(record, indent=1) + "\n")
+
+
+def read_ablation_runs(folder: Path) -> list[AblationRun] | None:
+    """The ablation runs `write_ablation_runs` wrote into ``folder``; None where it holds none; UserError
+    for a file of another format."""
     path = folder / ABLATIONS_COUNTS
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    stored = json.loads(path.read_text())
+    stored_format(stored, (ABLATIONS_FORMAT,), path)
+    return [AblationRun(**run) for run in stored["runs"]]
 
 
 def evaluation_counts(counts: Counts, method: str, seed: int) -> dict[str, dict[str, int]]:
@@ -144,24 +164,23 @@ def evaluation_counts(counts: Counts, method: str, seed: int) -> dict[str, dict[
     return dict(sorted(found.items(), key=lambda item: int(item[0])))
 
 
-def ablation_runs(ablations: dict[str, list[RunRecord]]) -> dict:
-    """ablations.json: every ablation run's per-problem validation counts (the ablation table is recomputed
-    from it and the default runs' counts.json)."""
-    runs = [
-        {
-            "setting": name,
-            "method": record.method,
-            "seed": record.seed,
-            "n": record.evals[0].n,
-            "evaluations": {str(u): merged for u, merged in validation_counts(record).items()},
-        }
+def ablation_runs(ablations: dict[str, list[RunRecord]]) -> list[AblationRun]:
+    """Every ablation run's per-problem validation counts (ablations.json: the ablation table is recomputed
+    from them and the default runs' counts.json)."""
+    return [
+        AblationRun(
+            name,
+            record.method,
+            record.seed,
+            record.evals[0].n,
+            {str(u): merged for u, merged in validation_counts(record).items()},
+        )
         for name, records in ablations.items()
         for record in records
     ]
-    return {"format": ABLATIONS_FORMAT, "runs": runs}
 
 
-def ablation_table(counts: Counts, ablations: dict) -> str:
+def ablation_table(counts: Counts, ablations: list[AblationRun]) -> str:
     """The paper's Table 6 axes on validation: each setting beside the default runs of the same method and
     seeds (from ``counts``; an ablation learner beside the learner it ablates), at each run's final and peak
     (selected) checkpoint: the means over the seeds both have, the setting's own fall (peak − final, paired
@@ -170,12 +189,11 @@ def ablation_table(counts: Counts, ablations: dict) -> str:
     seeds"."""
     n = counts.n["validation"]
     arms: dict[tuple[str, str], list[tuple[int, dict, dict]]] = {}
-    for run in ablations["runs"]:
-        method = learner(run["method"]).ablates or run["method"]  # an ablation learner beside its learner
-        if method in counts.methods and run["seed"] in counts.seeds:
-            default = evaluation_counts(counts, method, run["seed"])
-            arm = arms.setdefault((run["setting"], run["method"]), [])
-            arm.append((run["seed"], run["evaluations"], default))
+    for run in ablations:
+        method = learner(run.method).ablates or run.method  # an ablation learner beside its learner
+        if method in counts.methods and run.seed in counts.seeds:
+            default = evaluation_counts(counts, method, run.seed)
+            arms.setdefault((run.setting, run.method), []).append((run.seed, run.evaluations, default))
     rows, falls, finals, peaks = [], [], [], []
     for (setting, method), runs in arms.items():
         ablated, default = [r[1] for r in runs], [r[2] for r in runs]

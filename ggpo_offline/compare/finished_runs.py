@@ -67,9 +67,9 @@ def load_run(run_dir: Path, method: str, seed: int) -> RunRecord:
 def _started_on(record: RunRecord) -> tuple[str, str]:
     """(pool, data order) fingerprints of the data a run shares with the others: all it trained on, or,
     for a run that sampled rounds of its own (--sync-every), the pool and plan it started from."""
-    if record.settings.setting("sync_every") in (None, record.settings.setting("updates")):
+    if record.settings.sync_every in (None, record.settings.updates):
         return record.result.pool_fingerprint, record.result.data_order_fingerprint
-    return record.settings.setting("pool_fingerprint"), record.settings.setting("data_order_fingerprint")
+    return record.settings.pool_fingerprint, record.settings.data_order_fingerprint
 
 
 def check_data_plans(records: list[RunRecord]) -> dict[int, str]:

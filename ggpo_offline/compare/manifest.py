@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ggpo_offline.core.errors import UserError, write_json
+from ggpo_offline.core.errors import UserError, stored_format, write_json
 from ggpo_offline.train.run_records import RunId
 
 MARKER = "compare.json"
@@ -23,10 +23,10 @@ class ManifestRun:
 
 @dataclass(frozen=True)
 class CompareManifest:
-    """compare.json. The file holds no version key, so that committed reports keep their bytes: a file
-    without one is FORMAT 1. ``to_dict`` writes the keys in this order."""
+    """compare.json, led by its "format" (`FORMATS`; format 1, without the key, held the same fields, as
+    the reports committed before it do). ``to_dict`` writes the keys in this order."""
 
-    FORMAT: ClassVar[int] = 1
+    FORMATS: ClassVar[tuple[int, ...]] = (1, 2)
     status: str
     """Where the compare is: planned, training, reporting, done (or failed)."""
     tool_version: str
@@ -44,6 +44,7 @@ class CompareManifest:
 
     def to_dict(self) -> dict:
         return {
+            "format": self.FORMATS[-1],
             "status": self.status,
             "tool_version": self.tool_version,
             "updated": self.updated,
@@ -78,7 +79,9 @@ class CompareManifest:
         path = Path(report_dir) / MARKER
         if not path.is_file():
             raise UserError(f"{report_dir}: no {MARKER}; give folders written by ggpo compare")
-        return cls.from_dict(json.loads(path.read_text()))
+        stored = json.loads(path.read_text())
+        stored_format(stored, cls.FORMATS, path)
+        return cls.from_dict(stored)
 
     def run_folders(self) -> dict[RunId, Path]:
         """Each run the compare lists, by its id, and its folder."""

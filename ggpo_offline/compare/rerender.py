@@ -10,7 +10,7 @@ from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.render import ReportData, arc_scores, compare_scores, tuning_scores
 from ggpo_offline.compare.report import compute_report
-from ggpo_offline.compare.tuning import read_sweep, tuning_tables
+from ggpo_offline.compare.tuning import Sweep, tuning_tables
 from ggpo_offline.core.errors import UserError
 
 
@@ -22,7 +22,7 @@ def rerender_report(config: RefreshConfig) -> list[Path]:
     folder = Path(config.folder)
     data = ReportData.read(folder)
     if data.kind == "tuning":
-        return [render.write_readme(folder, data, tuning_scores(tuning_tables(read_sweep(folder))))]
+        return [render.write_readme(folder, data, tuning_scores(tuning_tables(Sweep.read(folder))))]
     counts = _raw(folder, COUNTS_FILE)
     if (folder / CEILINGS_FILE).is_file() and config.ceilings is None:
         raise UserError(f"{folder} has {CEILINGS_FILE}: give --ceilings FILE to recompute it")

@@ -1,7 +1,9 @@
 """`ggpo tune-report`: each learner's learning rate chosen on validation from a sweep of compare runs."""
 
 import json
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -13,9 +15,10 @@ from ggpo_offline.compare.render import ReportData, Section, tuning_scores, writ
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
 from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
-from ggpo_offline.core.errors import UserError
+from ggpo_offline.core.errors import UserError, stored_format
 from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
+from ggpo_offline.train.run_records import RunSettings
 
 TUNING_FILE = "tuning.json"
 """Every sweep run's per-problem validation counts: the report is recomputed from it alone."""
@@ -30,11 +33,11 @@ def tune_report(config: TuneConfig) -> Path:
     sweep = sweep_counts(records, config.parts)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
-    write_sweep(out, sweep)
+    sweep.write(out)
     write_diagnostics(records, out / DIAGNOSTICS_FILE, settings=("lr",))
     heading = (
         written_line(f" by `ggpo tune-report` from the runs of {', '.join(f'`{p}`' for p in config.parts)}"),
-        _settings_line(sweep["settings"], sweep["seeds"]),
+        _settings_line(RunSettings(sweep.settings), sweep.seeds),
     )
     title = "# Each learner's learning rate, chosen on validation"
     data = ReportData("tuning", (Section("heading", title, heading),))
@@ -42,35 +45,51 @@ def tune_report(config: TuneConfig) -> Path:
     return out
 
 
-def write_sweep(folder: Path, sweep: dict) -> None:
-    """tuning.json: the sweep's per-problem validation counts and settings (`sweep_counts`)."""
-    (folder / TUNING_FILE).write_text(json.dumps(sweep, indent=1) + "\n")
+@dataclass(frozen=True)
+class Sweep:
+    """tuning.json: a learning-rate sweep's per-problem validation counts (`sweep_counts`), from which its
+    tables are recomputed alone."""
+
+    FORMATS: ClassVar[tuple[int, ...]] = (1, 2)
+    """The layouts read, the last one written; format 1 (no "format" key) holds the same fields."""
+    n: int
+    """Samples per problem of every evaluation."""
+    seeds: list[int]
+    settings: dict
+    """The training settings every run shares (config.json's, the swept and learner ones left out)."""
+    runs: dict
+    """learner -> rate text -> seed text -> update text -> prompt id -> correct count."""
+
+    def write(self, folder: Path) -> None:
+        record = {"format": self.FORMATS[-1], **asdict(self)}
+        (folder / TUNING_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+    @classmethod
+    def read(cls, folder: Path) -> "Sweep":
+        """The sweep written into ``folder``; UserError in one line where there is none."""
+        path = folder / TUNING_FILE
+        if not path.is_file():
+            raise UserError(f"{folder}: no {TUNING_FILE}, the raw counts its report.json's scores come from")
+        stored = json.loads(path.read_text())
+        stored_format(stored, cls.FORMATS, path)
+        return cls(**{f.name: stored[f.name] for f in fields(cls)})
 
 
-def read_sweep(folder: Path) -> dict:
-    """The sweep `write_sweep` wrote into ``folder``; UserError in one line where there is none."""
-    path = folder / TUNING_FILE
-    if not path.is_file():
-        raise UserError(f"{folder}: no {TUNING_FILE}, the raw counts its report.json's scores come from")
-    return json.loads(path.read_text())
-
-
-def _settings_line(settings: dict, seeds: list[int]) -> str:
+def _settings_line(settings: RunSettings, seeds: list[int]) -> str:
     return (
-        f"Every run: pool `{settings['pool']}`, seeds {', '.join(map(str, seeds))},"
-        f" U = {settings['updates']} updates of"
-        f" G = {settings['groups_per_batch']} groups, validation {settings['eval_num_problems']} problems ×"
-        f" {settings['eval_n']} every {settings['eval_every']} updates,"
-        f" {'no test evaluation' if settings.get('no_test') else 'test evaluated but not read here'}."
+        f"Every run: pool `{settings.pool}`, seeds {', '.join(map(str, seeds))},"
+        f" U = {settings.updates} updates of"
+        f" G = {settings.groups_per_batch} groups, validation {settings.eval_num_problems} problems ×"
+        f" {settings.eval_n} every {settings.eval_every} updates,"
+        f" {'no test evaluation' if settings.no_test else 'test evaluated but not read here'}."
         f" `{TUNING_FILE}` holds"
         " every evaluation's per-problem correct counts; the tables below are recomputed from it alone"
         " (`tests/test_tuning.py` checks the committed copy)."
     )
 
 
-def sweep_counts(records: list[RunRecord], parts: tuple[str, ...]) -> dict:
-    """``{"n": n, "seeds": [...], "settings": ..., "runs": {method: {lr: {seed: {update: {prompt_id:
-    correct}}}}}}`` (learners in the registry's order, rates ascending, seeds as first met) from the finished
+def sweep_counts(records: list[RunRecord], parts: tuple[str, ...]) -> Sweep:
+    """The `Sweep` (learners in the registry's order, rates ascending, seeds as first met) of the finished
     runs of the sweep (read from ``parts``), which must differ only in learner (and its own settings),
     learning rate and seed, with every learner at every rate run for the same seeds."""
     runs: dict[str, dict[str, dict]] = {}
@@ -109,7 +128,7 @@ def sweep_counts(records: list[RunRecord], parts: tuple[str, ...]) -> dict:
         for method in LEARNERS
         if method in runs
     }
-    return {"n": n, "seeds": [int(seed) for seed in seeds], "settings": shared, "runs": ordered}
+    return Sweep(n, [int(seed) for seed in seeds], shared, ordered)
 
 
 def rate_mean(by_seed: dict[str, dict], n: int) -> float:
@@ -126,21 +145,21 @@ def _selected_counts(by_seed: dict[str, dict], n: int) -> np.ndarray:
     return np.array(rows)
 
 
-def chosen_rates(sweep: dict) -> dict[str, float]:
+def chosen_rates(sweep: Sweep) -> dict[str, float]:
     """Each learner's rate: the one whose runs reach the highest validation mean@n at their selected
     checkpoints (mean over seeds), the smaller rate among equals."""
-    n, chosen = sweep["n"], {}
-    for method, by_lr in sweep["runs"].items():
+    n, chosen = sweep.n, {}
+    for method, by_lr in sweep.runs.items():
         lrs = sorted(by_lr, key=float)
         chosen[method] = float(max(lrs, key=lambda lr: (rate_mean(by_lr[lr], n), -float(lr))))
     return chosen
 
 
-def tuning_tables(sweep: dict) -> str:
+def tuning_tables(sweep: Sweep) -> str:
     """Markdown: each learner's selected validation mean@n per rate, the chosen rate and its paired
     difference to the runner-up (one Holm family over the learners); then every evaluation, mean over
     seeds."""
-    n, runs, seeds = sweep["n"], sweep["runs"], sweep["seeds"]
+    n, runs, seeds = sweep.n, sweep.runs, sweep.seeds
     lrs = sorted({lr for by_lr in runs.values() for lr in by_lr}, key=float)
     chosen = {method: rate_text(lr) for method, lr in chosen_rates(sweep).items()}
     margins = _margins(runs, chosen, n)

@@ -50,7 +50,7 @@ from ggpo_offline.pool.info import (
     PoolTemplate,
     PoolTokenizer,
 )
-from ggpo_offline.pool.partial import PartialRun, partial_dir
+from ggpo_offline.pool.partial import PartCounts, PartialRun, partial_dir
 from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter, check_output_path
 
@@ -348,7 +348,7 @@ def _sample_and_store(
         with closing(batches):  # stopped at --keep-groups: the batch sampled ahead is dropped
             for batch in batches:
                 chunk = remaining[batch.start : batch.start + len(batch.problems)]
-                before = _counters(progress)
+                before = _counts(progress)
                 rows, used = _rows(
                     batch,
                     chunk,
@@ -362,15 +362,15 @@ def _sample_and_store(
                 progress.prompts_done += used
                 now = time.monotonic()
                 results = batch.results[: used * config.sampling.m]
-                counters = {key: value - before[key] for key, value in _counters(progress).items()}
-                counters |= {
-                    "timeouts": sum(r.status == "timeout" for r in results),
-                    "errors": sum(r.status == "error" for r in results),
-                    "seconds": now - batch_started,
-                }
+                counts = dataclasses.replace(
+                    _counts(progress) - before,
+                    timeouts=sum(r.status == "timeout" for r in results),
+                    errors=sum(r.status == "error" for r in results),
+                    seconds=now - batch_started,
+                )
                 batch_started = now
                 with stopwatch.timing("writing"):
-                    partial.add_part(pa.Table.from_pylist(rows, schema=POOL_SCHEMA), counters)
+                    partial.add_part(pa.Table.from_pylist(rows, schema=POOL_SCHEMA), counts)
                 if on_batch is not None:
                     on_batch(progress)
                 if progress.groups_kept == wanted:
@@ -415,14 +415,13 @@ def _with_run_totals(
 ) -> PoolInfo:
     """``footer`` with the totals known once every part is stored (resumed ones included): reward timeouts
     and errors, the generation time, and a shard's place in the dataset."""
-    reward = dataclasses.replace(
-        footer.reward, timeouts=int(partial.total("timeouts")), errors=int(partial.total("errors"))
-    )
+    totals = partial.totals
+    reward = dataclasses.replace(footer.reward, timeouts=int(totals.timeouts), errors=int(totals.errors))
     shard = PoolShard(index=config.shard_index, count=config.num_shards, dataset_prompts=dataset_prompts)
     return dataclasses.replace(
         footer,
         reward=reward,
-        generation_seconds=round(partial.total("seconds"), 2),
+        generation_seconds=round(totals.seconds, 2),
         shard=shard if config.num_shards > 1 else PoolShard(),
     )
 
@@ -437,19 +436,18 @@ def _write_pool(out: Path, overwrite: bool, partial: PartialRun, footer: PoolInf
     return path
 
 
-COUNTERS = ("prompts_done", "groups_kept", "mixed_groups", "responses", "reward_sum", "tokens", "truncated")
+COUNTED = ("prompts_done", "groups_kept", "mixed_groups", "responses", "reward_sum", "tokens", "truncated")
+"""The running totals a stored batch adds to (`PartCounts`' fields that `Progress` also keeps)."""
 
 
-def _counters(progress: Progress) -> dict:
-    return {key: getattr(progress, key) for key in COUNTERS}
+def _counts(progress: Progress) -> PartCounts:
+    return PartCounts(**{name: getattr(progress, name) for name in COUNTED})
 
 
 def _resumed_progress(partial: PartialRun, prompts_total: int) -> Progress:
     """The totals of the parts an interrupted run of the same command completed (zero when none)."""
-    progress = Progress(prompts_total=prompts_total)
-    for key in COUNTERS:
-        value = partial.total(key)
-        setattr(progress, key, value if key == "reward_sum" else int(value))
+    totals = partial.totals
+    progress = Progress(prompts_total=prompts_total, **{name: getattr(totals, name) for name in COUNTED})
     progress.prompts_resumed, progress.responses_resumed = progress.prompts_done, progress.responses
     return progress
 

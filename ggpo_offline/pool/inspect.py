@@ -2,7 +2,6 @@
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import polars as pl
 
@@ -15,9 +14,8 @@ LENGTH_PERCENTILES = (0.1, 0.5, 0.9, 0.99)
 @dataclass(frozen=True)
 class PoolSummary:
     """What ``ggpo pool inspect`` prints and compare's README quotes: the pool's footer and the numbers
-    counted from its rows. Never written to a file (FORMAT 1: these fields)."""
+    counted from its rows. Never written to a file."""
 
-    FORMAT: ClassVar[int] = 1
     path: str
     """The pool as given: a file or a shard directory."""
     groups: int

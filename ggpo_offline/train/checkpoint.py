@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ggpo_offline.core.errors import UserError, os_reason
+from ggpo_offline.core.errors import UserError, os_reason, stored_format
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.distributed import SINGLE_PROCESS, Ranks, barrier
 from ggpo_offline.train.run_folder import STATE_FILE, RunFolder
@@ -36,9 +36,10 @@ def _stored(state) -> dict:
 @dataclass(frozen=True)
 class RunState:
     """What resuming needs of the whole run (trainer_state.pt, written by rank 0), stored as a dict of these
-    keys: FORMAT 1 is a file without a version key. A checkpoint older than ``world`` reads with None."""
+    keys and its "format" (`FORMATS`; format 1, without the key, held the same). A checkpoint older than
+    ``world`` reads with None."""
 
-    FORMAT: ClassVar[int] = 1
+    FORMATS: ClassVar[tuple[int, ...]] = (1, 2)
     update: int
     """Updates done: the first update the resumed run takes."""
     optimizer: dict | None
@@ -54,19 +55,20 @@ class RunState:
     """Processes that trained it: resuming with another number is refused."""
 
     def to_dict(self) -> dict:
-        return _stored(self)
+        return {"format": self.FORMATS[-1], **_stored(self)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RunState":
-        return cls(**{**data, "world": data.get("world")})
+    def from_dict(cls, data: dict, path: Path) -> "RunState":
+        fields_ = _unversioned(data, cls.FORMATS, path)
+        return cls(**{**fields_, "world": fields_.get("world")})
 
 
 @dataclass(frozen=True)
 class RankState:
-    """What resuming needs of one rank (rank-NNN.pt), stored as a dict of these keys (FORMAT 1: no version
-    key; a checkpoint written before the drift probe existed reads with no ``probe_pi0``)."""
+    """What resuming needs of one rank (rank-NNN.pt), stored as a dict of these keys and its "format" (as
+    `RunState`'s; a checkpoint written before the drift probe existed reads with no ``probe_pi0``)."""
 
-    FORMAT: ClassVar[int] = 1
+    FORMATS: ClassVar[tuple[int, ...]] = (1, 2)
     ref_window: Any
     """This rank's π_ref log-probs for the updates until the next refresh (None: π0's)."""
     old_window: Any
@@ -77,11 +79,17 @@ class RankState:
     """π0's log-probs on the drift probe (None without a probe)."""
 
     def to_dict(self) -> dict:
-        return _stored(self)
+        return {"format": self.FORMATS[-1], **_stored(self)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RankState":
-        return cls(**data)
+    def from_dict(cls, data: dict, path: Path) -> "RankState":
+        return cls(**_unversioned(data, cls.FORMATS, path))
+
+
+def _unversioned(data: dict, readable: tuple[int, ...], path: Path) -> dict:
+    """A stored state's fields, its format checked (`stored_format`)."""
+    stored_format(data, readable, path)
+    return {name: value for name, value in data.items() if name != "format"}
 
 
 def save_checkpoint(
@@ -172,10 +180,11 @@ def _replace_folder(tmp: Path, path: Path) -> None:
 
 def load_state(path: Path, rank: int | None) -> tuple[RunState, RankState | None]:
     """(the run's state, ``rank``'s own state, None when ``rank`` is None)."""
-    run_state = RunState.from_dict(torch.load(path / STATE_FILE, weights_only=False))
+    run_state = RunState.from_dict(torch.load(path / STATE_FILE, weights_only=False), path / STATE_FILE)
     if rank is None:
         return run_state, None
-    return run_state, RankState.from_dict(torch.load(path / _rank_file(rank), weights_only=False))
+    rank_file = path / _rank_file(rank)
+    return run_state, RankState.from_dict(torch.load(rank_file, weights_only=False), rank_file)
 
 
 def resume_point(folder: RunFolder, config: TrainConfig, ranks: Ranks) -> Path:

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from ggpo_offline.core.errors import UserError, write_json
+from ggpo_offline.core.errors import UserError, stored_format, write_json
 
 CONFIG_FILE = "config.json"
 RESULT_FILE = "result.json"
@@ -49,10 +49,10 @@ class RunSettings:
 
     Kept as the stored values, not a TrainConfig: a run folder written by an older version may hold a
     setting since removed or lack one since added, and it still reads (a missing setting reads as None).
-    The file holds no version key, so that committed runs keep their bytes: a file without one is FORMAT 1.
+    The file leads with its "format" (`FORMATS`; format 1, without the key, held the same values).
     """
 
-    FORMAT: ClassVar[int] = 1
+    FORMATS: ClassVar[tuple[int, ...]] = (1, 2)
     values: dict[str, Any]
     """Setting (TrainConfig field) or fingerprint name -> its JSON value, in the order written."""
 
@@ -62,17 +62,19 @@ class RunSettings:
         return cls({**config.to_dict(), **fingerprints})
 
     def write(self, run_dir: Path) -> None:
-        (Path(run_dir) / CONFIG_FILE).write_text(json.dumps(self.values, indent=2))
+        (Path(run_dir) / CONFIG_FILE).write_text(
+            json.dumps({"format": self.FORMATS[-1], **self.values}, indent=2)
+        )
 
     @classmethod
     def read(cls, run_dir: Path) -> "RunSettings":
         """The settings ``run_dir`` was started with (none when it never got that far)."""
         path = Path(run_dir) / CONFIG_FILE
-        return cls(json.loads(path.read_text()) if path.is_file() else {})
-
-    def setting(self, name: str) -> Any:
-        """The stored value of the TrainConfig field ``name`` (None when the run predates it)."""
-        return self.values.get(name)
+        if not path.is_file():
+            return cls({})
+        stored = json.loads(path.read_text())
+        stored_format(stored, cls.FORMATS, path)
+        return cls({name: value for name, value in stored.items() if name != "format"})
 
     def only(self, names: tuple[str, ...]) -> dict[str, Any]:
         """The values of ``names``, each None where the run has none."""
@@ -85,6 +87,28 @@ class RunSettings:
     @property
     def pool(self) -> str:
         return self.values["pool"]
+
+    @property
+    def method(self) -> str:
+        return self.values["method"]
+
+    @property
+    def sync_every(self) -> int | None:
+        """N: None for a run that replayed its pool offline."""
+        return self.values.get("sync_every")
+
+    @property
+    def pool_fingerprint(self) -> str | None:
+        """The pool the run started from (its round 0's, for a run that sampled rounds)."""
+        return self.values.get("pool_fingerprint")
+
+    @property
+    def data_order_fingerprint(self) -> str | None:
+        return self.values.get("data_order_fingerprint")
+
+    @property
+    def no_test(self) -> bool:
+        return bool(self.values.get("no_test"))
 
     @property
     def lr(self) -> float:
@@ -128,9 +152,9 @@ class RunSettings:
 class RunResult:
     """result.json, written last by a finished run (`Run.finish`) and read by compare. A key missing from
     the file (an older or hand-written one) reads as None; ``to_dict`` writes every key, in this order.
-    The file holds no version key (committed runs keep their bytes): a file without one is FORMAT 1."""
+    The file leads with its "format" (`FORMATS`; format 1, without the key, held the same fields)."""
 
-    FORMAT: ClassVar[int] = 1
+    FORMATS: ClassVar[tuple[int, ...]] = (1, 2)
     run_id: str | None = None
     """The MLflow run; None when not tracked."""
     tracking_uri: str | None = None
@@ -153,11 +177,14 @@ class RunResult:
 
     def write(self, run_dir: Path) -> None:
         """Through a temporary file renamed into place: a run folder holding result.json is finished."""
-        write_json(self.to_dict(), Path(run_dir) / RESULT_FILE)
+        write_json({"format": self.FORMATS[-1], **self.to_dict()}, Path(run_dir) / RESULT_FILE)
 
     @classmethod
     def read(cls, run_dir: Path) -> "RunResult":
-        return cls.from_dict(json.loads((Path(run_dir) / RESULT_FILE).read_text()))
+        path = Path(run_dir) / RESULT_FILE
+        stored = json.loads(path.read_text())
+        stored_format(stored, cls.FORMATS, path)
+        return cls.from_dict(stored)
 
 
 def best_update(means: dict[int, float]) -> int:
