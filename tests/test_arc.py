@@ -345,8 +345,7 @@ def test_the_arc_report_writes_every_file_and_its_tables_come_back_from_the_coun
         "| beta-0.003 | GGPO | 1 | 87.50 (8) | 87.50 | +0.00 [+0.00, +0.00] too few seeds"
         " | +12.50 [+12.50, +12.50] too few seeds | +12.50 [+12.50, +12.50] too few seeds |"
     )
-    ablations_json = json.loads((out / "ablations.json").read_text())
-    recomputed = ablation_table(Counts.read(out / COUNTS_FILE), ablations_json)
+    recomputed = ablation_table(Counts.read(out / COUNTS_FILE), read_ablation_runs(out))
     assert recomputed == (out / "ablations.md").read_text()
     # Styles of seed 42: the base model, then each run's selected and final checkpoint (once when equal).
     grpo, ggpo_run = RunFolder(first / "runs" / "grpo-s42"), RunFolder(second / "runs" / "ggpo-s42")

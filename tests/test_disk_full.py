@@ -21,7 +21,7 @@ from conftest import stopped_itself, synthetic_rows, write_synthetic_pool
 from ggpo_offline.compare.manifest import MARKER
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.one_writer import WRITER_LOCK
-from ggpo_offline.pool.partial import PROGRESS_FILE, PartialRun, partial_dir
+from ggpo_offline.pool.partial import PROGRESS_FILE, PartCounts, PartialRun, partial_dir
 from ggpo_offline.pool.schema import POOL_SCHEMA
 from ggpo_offline.pool.source import read_pool_info
 from ggpo_offline.train.distributed import STOP_VARIABLE
@@ -104,9 +104,9 @@ def test_a_part_the_disk_refuses_is_one_line_naming_it_and_leaves_nothing(tmp_pa
     rows = pa.Table.from_pylist(synthetic_rows(groups=3, m=4), schema=POOL_SCHEMA)
     part = partial.dir / "part-000000.parquet"
     with file_size_limit(1000), pytest.raises(UserError, match=rf"^cannot write {part}: {TOO_LARGE}$"):
-        partial.add_part(rows, {"seconds": 1.0})
-    assert list(partial.dir.iterdir()) == [] and partial.parts == []  # no temporary file, no record
-    partial.add_part(rows, {"seconds": 1.0})  # room again: the same part is stored
+        partial.add_part(rows, PartCounts(seconds=1.0))
+    assert list(partial.dir.iterdir()) == [] and partial.parts == ()  # no temporary file, no record
+    partial.add_part(rows, PartCounts(seconds=1.0))  # room again: the same part is stored
     assert sorted(p.name for p in partial.dir.iterdir()) == [part.name, PROGRESS_FILE]
 
 

@@ -209,7 +209,7 @@ def test_a_trained_runs_files_read_through_their_records(hf_pool, tmp_path):
     assert (copy / CONFIG_FILE).read_text() == text
     finished = folder.read_result()
     assert finished.updates == 2 and finished.pool_fingerprint == settings.pool_fingerprint
-    assert json.dumps(finished.to_dict(), indent=2) + "\n" == folder.result_file.read_text()
+    assert json.dumps({"format": 2, **finished.to_dict()}, indent=2) + "\n" == folder.result_file.read_text()
     checkpoint = resume_point(folder, config, SINGLE_PROCESS)
     run_state, rank_state = load_state(checkpoint, rank=0)
     raw = torch.load(checkpoint / STATE_FILE, weights_only=False)

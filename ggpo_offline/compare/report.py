@@ -176,7 +176,7 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
     ``settings`` names run settings written beside method and seed on every row (a sweep's ``lr``), and
     runs trained with --sync-every add theirs (`SYNC_EVERY`), so that the file alone is the data of the
     staleness ladder (`ggpo ladder-report`)."""
-    if any(record.settings.setting(SYNC_EVERY) is not None for record in records):
+    if any(record.settings.sync_every is not None for record in records):
         settings = (*settings, SYNC_EVERY)
     logged = {name for record in records for row in record.metrics for name in row}
     optional = CORRECTION_DIAGNOSTICS + CHECKPOINT_METRICS + ROUND_DIAGNOSTICS + SAMPLER_METRICS + AGE_METRICS
@@ -190,7 +190,7 @@ def write_diagnostics(records: list[RunRecord], path: Path, settings: tuple[str,
         writer = csv.writer(handle)
         writer.writerow(("method", "seed", *settings, "update", *columns))
         for record in records:
-            chosen = [record.settings.setting(name) for name in settings]
+            chosen = list(record.settings.only(settings).values())
             for row in record.metrics:
                 values = (row.get(name, "") for name in columns)
                 writer.writerow((record.method, record.seed, *chosen, row[UPDATE], *values))

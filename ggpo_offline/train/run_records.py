@@ -85,12 +85,12 @@ class RunSettings:
         return {name: value for name, value in self.values.items() if name not in names}
 
     @property
-    def pool(self) -> str:
-        return self.values["pool"]
+    def pool(self) -> str | None:
+        return self.values.get("pool")
 
     @property
-    def method(self) -> str:
-        return self.values["method"]
+    def method(self) -> str | None:
+        return self.values.get("method")
 
     @property
     def sync_every(self) -> int | None:
@@ -111,8 +111,8 @@ class RunSettings:
         return bool(self.values.get("no_test"))
 
     @property
-    def lr(self) -> float:
-        return self.values["lr"]
+    def lr(self) -> float | None:
+        return self.values.get("lr")
 
     @property
     def ref_refresh(self) -> int | None:
@@ -120,24 +120,24 @@ class RunSettings:
         return self.values.get("ref_refresh")
 
     @property
-    def updates(self) -> int:
-        return self.values["updates"]
+    def updates(self) -> int | None:
+        return self.values.get("updates")
 
     @property
-    def groups_per_batch(self) -> int:
-        return self.values["groups_per_batch"]
+    def groups_per_batch(self) -> int | None:
+        return self.values.get("groups_per_batch")
 
     @property
-    def beta(self) -> float:
-        return self.values["beta"]
+    def beta(self) -> float | None:
+        return self.values.get("beta")
 
     @property
     def eval_every(self) -> int | None:
         return self.values.get("eval_every")
 
     @property
-    def eval_n(self) -> int:
-        return self.values["eval_n"]
+    def eval_n(self) -> int | None:
+        return self.values.get("eval_n")
 
     @property
     def eval_num_problems(self) -> int | None:
