@@ -430,7 +430,6 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     from ggpo_offline.evaluate.evaluator import Evaluator, evaluate
     from ggpo_offline.train.evaluation import eval_config, selected_update
     from ggpo_offline.train.run_folder import RunFolder
-    from ggpo_offline.train.run_records import RunResult
 
     config = _config(
         vllm_pool, tmp_path, eval_every=2, eval_n=4, eval_num_problems=12, eval_ks=(1, 2, 4), lr=2e-3,
@@ -474,11 +473,15 @@ def test_evaluation_during_training_agrees_with_ggpo_eval_on_the_checkpoint(
     assert sorted(tests) == sorted({0, selected, 4}) and folder.read_evals().keys() == reports.keys()
     assert all(list(t.benchmarks) == ["arith-test"] and t.suite.num_problems == 12 for t in tests.values())
     # Every file written reads back through its record and writes the same bytes.
-    for path in [*(run / "eval").rglob("*.json"), folder.result_file]:
-        record = RunResult if path == folder.result_file else EvalReport
+    for path in (run / "eval").rglob("*.json"):
         text = path.read_text()
-        assert json.dumps(record.from_dict(json.loads(text)).to_dict(), indent=2) + "\n" == text, path
-    assert json.dumps(folder.read_settings().values, indent=2) == folder.config_file.read_text()
+        assert json.dumps(EvalReport.from_dict(json.loads(text)).to_dict(), indent=2) + "\n" == text, path
+    again = tmp_path / "again"
+    again.mkdir()
+    folder.read_result().write(again)
+    folder.read_settings().write(again)
+    assert (again / "result.json").read_text() == folder.result_file.read_text()
+    assert (again / "config.json").read_text() == folder.config_file.read_text()
 
     # A fresh engine loads the final model (update 4's weights, as training saves every model) and scores
     # both splits at once: each prompt's sampling seed depends on the seed and its id alone.
