@@ -170,11 +170,11 @@ class ScoringCache:
     def __init__(self, scoring: "Future[Pi0Cache]"):
         self.scoring = scoring
 
-    def wait(self) -> float:
-        """Seconds waited for the scoring to end (0 when it had)."""
+    def resolved(self) -> tuple["Pi0Cache", float]:
+        """The scored cache, and the seconds waited for it (0 when the scoring had ended)."""
         start = time.perf_counter()
-        self.scoring.result()
-        return time.perf_counter() - start
+        cache = self.scoring.result()
+        return cache, time.perf_counter() - start
 
     def logprobs(self, batch: Minibatch) -> torch.Tensor:
         return self.scoring.result().logprobs(batch)

@@ -260,10 +260,8 @@ class Trainer:
                 mask, behavior = micro.mask.to(self.device), micro.behavior_logp.to(self.device)
                 with gradient_sync(self.policy, enabled=position == len(micros) - 1):
                     logp, entropy = self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)
-                    if position == 0 and isinstance(
-                        self.reference, ScoringCache
-                    ):  # scored beside the forward
-                        waited["round_reference"] = self.reference.wait()
+                    if isinstance(self.reference, ScoringCache):  # scored beside the forward: read when ready
+                        self.reference, waited["round_reference"] = self.reference.resolved()
                     constants = self._constants(micro, position)
                     result = self._loss(micro, logp, mask, counts, constants)
                     # DDP and FSDP2 average gradients over ranks; a loss normalized by the global T_tok wants
