@@ -32,8 +32,6 @@ JSON_READERS = {
     "ggpo_offline/compare/manifest.py": "compare.json (CompareManifest)",
     "ggpo_offline/compare/counts.py": "counts.json (Counts)",
     "ggpo_offline/compare/arc.py": "ablations.json (AblationRun)",
-    "ggpo_offline/compare/tuning.py": "tuning.json (Sweep)",
-    "ggpo_offline/compare/render.py": "report.json (ReportData): a report's sections from its runs",
     "ggpo_offline/compare/against_ceilings.py": "the --ceilings report of `measure-styles --json`",
     "ggpo_offline/pool/schema.py": "the pool footer (PoolInfo)",
     "ggpo_offline/pool/partial.py": "a partial pool's progress record",
@@ -44,6 +42,7 @@ JSON_READERS = {
     "ggpo_offline/organism/tiny.py": "the tiny model's Hugging Face config.json",
     "ggpo_offline/organism/rehearsal.py": "the rehearsal model's Hugging Face config.json",
     "ggpo_offline/core/settings.py": "a --config file (settings are their own record)",
+    "ggpo_offline/core/errors.py": "read_versioned: tuning.json for Sweep, report.json for ReportData",
 }
 """Every module that parses JSON, and the record it owns: a record's keys are read in its module alone."""
 

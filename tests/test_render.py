@@ -128,7 +128,12 @@ def test_report_json_comes_back_as_written_and_the_readme_is_rendered_from_it(tm
     assert ReportData.read(tmp_path) == data
     assert '"format": "ggpo-offline report 1"' in (tmp_path / REPORT_DATA).read_text()
     (tmp_path / REPORT_DATA).write_text('{"format": "ggpo-offline report 0", "kind": "tuning"}')
-    with pytest.raises(UserError, match="report.json: not a ggpo-offline report 1 file$"):
+    with pytest.raises(
+        UserError, match="has format 'ggpo-offline report 0'; .* reads format ggpo-offline report 1$"
+    ):
+        ReportData.read(tmp_path)
+    (tmp_path / REPORT_DATA).write_text('{"format": "ggpo-offline report 1", "kind": "poem"}')
+    with pytest.raises(UserError, match="report.json: a report of unknown kind 'poem'$"):
         ReportData.read(tmp_path)
 
 

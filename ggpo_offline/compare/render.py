@@ -10,7 +10,7 @@ from typing import Literal
 from ggpo_offline import __version__
 from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, STATISTICS, Report
-from ggpo_offline.core.errors import UserError, replace_text
+from ggpo_offline.core.errors import UserError, read_versioned, replace_text
 
 REPORT_DATA = "report.json"
 """A report folder's run-derived sections, which `ggpo report` renders again beside recomputed scores."""
@@ -77,11 +77,10 @@ class ReportData:
     def read(cls, folder: Path) -> "ReportData":
         """The folder's report.json; UserError in one line where it has none or another format."""
         path = folder / REPORT_DATA
-        if not path.is_file():
-            raise UserError(f"{folder}: no {REPORT_DATA}; not a report folder written by ggpo-offline")
-        data = json.loads(path.read_text())
-        if data.get("format") != REPORT_FORMAT or data.get("kind") not in LAYOUTS:
-            raise UserError(f"{path}: not a {REPORT_FORMAT} file")
+        missing = f"{folder}: no {REPORT_DATA}; not a report folder written by ggpo-offline"
+        data = read_versioned(path, (REPORT_FORMAT,), missing)
+        if data.get("kind") not in LAYOUTS:
+            raise UserError(f"{path}: a report of unknown kind {data.get('kind')!r}")
         sections = tuple(Section(s["name"], s["heading"], tuple(s["lines"])) for s in data["sections"])
         return cls(data["kind"], sections)
 

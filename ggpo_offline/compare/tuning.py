@@ -15,7 +15,7 @@ from ggpo_offline.compare.render import ReportData, Section, tuning_scores, writ
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
 from ggpo_offline.compare.tables import display, rate_text
 from ggpo_offline.core import markdown
-from ggpo_offline.core.errors import UserError, stored_format
+from ggpo_offline.core.errors import UserError, read_versioned
 from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
 from ggpo_offline.train.run_records import RunSettings
@@ -67,11 +67,8 @@ class Sweep:
     @classmethod
     def read(cls, folder: Path) -> "Sweep":
         """The sweep written into ``folder``; UserError in one line where there is none."""
-        path = folder / TUNING_FILE
-        if not path.is_file():
-            raise UserError(f"{folder}: no {TUNING_FILE}, the raw counts its report.json's scores come from")
-        stored = json.loads(path.read_text())
-        stored_format(stored, cls.FORMATS, path)
+        missing = f"{folder}: no {TUNING_FILE}, the raw counts its report.json's scores come from"
+        stored = read_versioned(folder / TUNING_FILE, cls.FORMATS, missing)
         return cls(**{f.name: stored[f.name] for f in fields(cls)})
 
 

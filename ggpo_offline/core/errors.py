@@ -64,7 +64,17 @@ def write_json(data: dict, path: Path) -> None:
     replace_text(path, json.dumps(data, indent=2) + "\n")
 
 
-def stored_format(data: dict, readable: tuple[int, ...], path: Path) -> int:
+def read_versioned(path: Path, readable: tuple, missing: str) -> dict:
+    """The JSON record at ``path`` with its format checked (`stored_format`), for its own type to read;
+    UserError ``missing`` where there is no such file."""
+    if not path.is_file():
+        raise UserError(missing)
+    stored = json.loads(path.read_text())
+    stored_format(stored, readable, path)
+    return stored
+
+
+def stored_format(data: dict, readable: tuple, path: Path) -> int | str:
     """The format version of a record read from ``path``: its "format" key, 1 for a file written before
     records carried one; UserError when it is none of ``readable`` (a later ggpo-offline wrote it)."""
     version = data.get("format", 1)
