@@ -29,7 +29,6 @@ JSON_READERS = {
     "ggpo_offline/train/launch.py": "a rank's failure report to its launcher",
     "ggpo_offline/train/rounds.py": "a run's rounds/rounds.json (RoundRecord)",
     "ggpo_offline/evaluate/eval_report.py": "an evaluation report (EvalReport)",
-    "ggpo_offline/compare/manifest.py": "compare.json (CompareManifest)",
     "ggpo_offline/compare/counts.py": "counts.json (Counts)",
     "ggpo_offline/compare/arc.py": "ablations.json (AblationRun)",
     "ggpo_offline/compare/against_ceilings.py": "the --ceilings report of `measure-styles --json`",
@@ -42,7 +41,7 @@ JSON_READERS = {
     "ggpo_offline/organism/tiny.py": "the tiny model's Hugging Face config.json",
     "ggpo_offline/organism/rehearsal.py": "the rehearsal model's Hugging Face config.json",
     "ggpo_offline/core/settings.py": "a --config file (settings are their own record)",
-    "ggpo_offline/core/errors.py": "read_versioned: tuning.json for Sweep, report.json for ReportData",
+    "ggpo_offline/core/errors.py": "read_versioned: compare.json, tuning.json, report.json for their types",
 }
 """Every module that parses JSON, and the record it owns: a record's keys are read in its module alone."""
 

@@ -1,12 +1,11 @@
 """compare.json, the manifest of a compare report folder: what the compare ran, how far it got and which
 run folders it used. `ggpo compare` writes it; the arc and tuning reports read a part's runs from it."""
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ggpo_offline.core.errors import UserError, stored_format, write_json
+from ggpo_offline.core.errors import read_versioned, write_json
 from ggpo_offline.train.run_records import RunId
 
 MARKER = "compare.json"
@@ -76,12 +75,8 @@ class CompareManifest:
     @classmethod
     def read(cls, report_dir: Path) -> "CompareManifest":
         """The manifest of ``report_dir``; UserError when the folder holds none."""
-        path = Path(report_dir) / MARKER
-        if not path.is_file():
-            raise UserError(f"{report_dir}: no {MARKER}; give folders written by ggpo compare")
-        stored = json.loads(path.read_text())
-        stored_format(stored, cls.FORMATS, path)
-        return cls.from_dict(stored)
+        missing = f"{report_dir}: no {MARKER}; give folders written by ggpo compare"
+        return cls.from_dict(read_versioned(Path(report_dir) / MARKER, cls.FORMATS, missing))
 
     def run_folders(self) -> dict[RunId, Path]:
         """Each run the compare lists, by its id, and its folder."""
