@@ -345,7 +345,7 @@ def print_compare_result(result) -> None:
     for seed, fingerprint in result.data_plans.items():
         runs = sum(record.seed == seed for record in result.records)
         stdout.print(f"seed {seed}: data-order fingerprint {fingerprint} shared by all {runs} runs")
-    stdout.print(result.report.tables)
+    stdout.print(result.report.table_md)
     stdout.print(
         f"report: {result.report_dir}/README.md (table.md, table.csv, counts.json, figure.png and one PNG "
         "per panel)"

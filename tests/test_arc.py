@@ -23,6 +23,7 @@ from ggpo_offline.compare.arc import (
     styles_table,
     write_ablation_runs,
 )
+from ggpo_offline.compare.blocks import markdown_text
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.finished_runs import RunRecord
@@ -162,7 +163,7 @@ def test_ablations_are_compared_with_the_default_run_at_its_peak_and_final_updat
     (tmp_path / ABLATIONS_COUNTS).write_text(json.dumps({**stored, "format": "ggpo-offline ablations 9"}))
     with pytest.raises(UserError, match="ablations.json has format 'ggpo-offline ablations 9'"):
         read_ablation_runs(tmp_path)
-    assert ablation_table(counts, ablations).split("\n") == [
+    assert markdown_text(ablation_table(counts, ablations)).split("\n") == [
         "### Ablations on validation (mean@n %, mean over seeds): peak and final beside the default settings",
         "",
         "| setting | method | seeds | peak (updates) | final | peak − final [95 %] | final − default final"
@@ -205,7 +206,7 @@ def test_an_ablation_of_several_seeds_gets_the_seed_calibrated_interval_and_holm
             "bounded-push": [_run("ggpo-bounded-push", seed, gained[seed]) for seed in (42, 7)],
         }
     )
-    lines = ablation_table(counts, runs).split("\n")
+    lines = markdown_text(ablation_table(counts, runs)).split("\n")
     half = 12.706205 * 12.5
     assert f"{-half + 25:+.2f}" == "-133.83" and f"{half + 25:+.2f}" == "+183.83"
     row = lines[4].split(" | ")
@@ -237,7 +238,7 @@ STYLES = {  # measure_styles-like reports, "other" first and a style absent from
 
 
 def test_the_styles_table_shows_each_share_and_its_accuracy():
-    assert styles_table(STYLES, 16, 42).split("\n") == [
+    assert markdown_text(styles_table(STYLES, 16, 42)).split("\n") == [
         "### Style shares along the arc (seed 42; `measure-styles --no-forced`, 16 validation problems × 8)",
         "",
         "Each cell: share of the samples opening with that style, then (in parentheses) how often those are"
@@ -345,7 +346,7 @@ def test_the_arc_report_writes_every_file_and_its_tables_come_back_from_the_coun
         "| beta-0.003 | GGPO | 1 | 87.50 (8) | 87.50 | +0.00 [+0.00, +0.00] too few seeds"
         " | +12.50 [+12.50, +12.50] too few seeds | +12.50 [+12.50, +12.50] too few seeds |"
     )
-    recomputed = ablation_table(Counts.read(out / COUNTS_FILE), read_ablation_runs(out))
+    recomputed = markdown_text(ablation_table(Counts.read(out / COUNTS_FILE), read_ablation_runs(out)))
     assert recomputed == (out / "ablations.md").read_text()
     # Styles of seed 42: the base model, then each run's selected and final checkpoint (once when equal).
     grpo, ggpo_run = RunFolder(first / "runs" / "grpo-s42"), RunFolder(second / "runs" / "ggpo-s42")
@@ -416,11 +417,13 @@ def test_with_ceilings_the_arc_report_sets_each_method_against_them_and_refuses_
     )
     arc_report(config)
 
-    expected = ceilings_section(Scores(Counts.read(out / COUNTS_FILE)), ["grpo", "ggpo"], STYLES_REPORT)
-    assert expected[0].startswith("### Against the ceilings of selection: test at the selected checkpoint")
-    assert (out / "ceilings.md").read_text() == "\n".join(expected)
+    expected = markdown_text(
+        ceilings_section(Scores(Counts.read(out / COUNTS_FILE)), ["grpo", "ggpo"], STYLES_REPORT)
+    )
+    assert expected.startswith("### Against the ceilings of selection: test at the selected checkpoint")
+    assert (out / "ceilings.md").read_text() == expected
     readme = (out / "README.md").read_text()
-    assert "## Against the ceilings of selection\n\n" + "\n".join(expected) in readme
+    assert "## Against the ceilings of selection\n\n" + expected in readme
     assert readme.index("## Results") < readme.index("## Against the ceilings") < readme.index("## What the")
 
     free_only = tmp_path / "free.json"

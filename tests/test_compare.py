@@ -191,9 +191,9 @@ def test_compare_trains_every_run_reports_and_reuses_finished_runs(
         refuse_reading_back(guard, report)
         bigger = compare(replace(config, seeds=(1, 2, 3)), engine=vllm_engine)
         terminal.print_compare_result(bigger)
-    assert bigger.report.tables in capsys.readouterr().out
-    assert bigger.report.tables == (report / "table.md").read_text()
-    assert bigger.report.tables in (report / "README.md").read_text()
+    assert bigger.report.table_md in capsys.readouterr().out
+    assert bigger.report.table_md == (report / "table.md").read_text()
+    assert bigger.report.table_md in (report / "README.md").read_text()
     assert bigger.actions == {
         "grpo-s1": "reuse", "ggpo-s1": "reuse", "grpo-s2": "reuse", "ggpo-s2": "reuse",
         "grpo-s3": "train", "ggpo-s3": "train",

@@ -1,6 +1,7 @@
 """The report model and its one renderer: sections rendered in each kind's order, report.json written and read
 back, and `ggpo report` rendering every committed report's README again, byte for byte, from its data."""
 
+import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -8,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from test_cli import assert_one_error_line, ggpo_here
 
+from ggpo_offline.compare.blocks import Code, Figure, Table, markdown_text, number, prose
 from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.render import (
     FIGURE,
@@ -24,6 +26,7 @@ from ggpo_offline.compare.rerender import rerender_report
 from ggpo_offline.core.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
+FIGURE_LINE = FIGURE.lines()[0]
 CEILINGS = REPO / "ggpo_offline" / "organism" / "tiny_model" / "styles.json"
 COMMITTED = (
     "demo",
@@ -42,33 +45,50 @@ COMMITTED = (
 regimes)."""
 
 
-def test_sections_render_in_the_kinds_order_each_heading_set_off_by_blank_lines():
+def test_sections_render_in_the_kinds_order_each_block_set_off_by_blank_lines():
     sections = [
-        Section("tables", "", ("### Rates\n\n| a |\n",)),  # untitled: its lines as they are
-        Section("note", "", ("Edited by hand.", "")),
-        Section("heading", "# A sweep", ("Written then.", "Every run: pool p.")),
+        Section("tables", "", (prose("### Rates"), Table(("a",), ((number("{:.2f}", 0.5),),)))),
+        Section("note", "", (prose("Edited by hand."),)),
+        Section("heading", "# A sweep", (prose("Written then.", "Every run: pool p."),)),
     ]
     assert render("tuning", sections) == (
-        "# A sweep\n\nWritten then.\nEvery run: pool p.\n\nEdited by hand.\n\n### Rates\n\n| a |\n"
+        "# A sweep\n\nWritten then.\nEvery run: pool p.\n\nEdited by hand.\n\n### Rates\n\n| a |\n|---|\n"
+        "| 0.50 |\n"
     )
-    settings = [Section("settings", "## Shared", ("| a |",)), Section("settings", "## Differing", ("| b |",))]
+    shared = Section("settings", "## Shared", (Table(("a",), (("x",),)),))
+    differing = Section("settings", "## Differing", (Code("bash", ("ggpo train",)),))
     # A name's sections keep their order; the layout places the name.
-    assert render("compare", [*settings, Section("pool", "## Pool", ("- file",))]) == (
-        "## Pool\n\n- file\n\n## Shared\n\n| a |\n\n## Differing\n\n| b |\n"
+    assert render("compare", [shared, differing, Section("pool", "## Pool", (prose("- file"),))]) == (
+        "## Pool\n\n- file\n\n## Shared\n\n| a |\n|---|\n| x |\n\n## Differing\n\n```bash\nggpo train\n```\n"
     )
     with pytest.raises(ValueError, match="^a tuning report has no section pool$"):
         render("tuning", [Section("pool", "## Pool", ())])
 
 
+def test_a_number_keeps_its_values_whole_and_writes_them_with_its_format():
+    cell = number("{:.2f} ± {:.2f}", 52.456, 3.14159)
+    assert cell.text() == "52.46 ± 3.14" and cell.values == (52.456, 3.14159)
+    assert cell.within("**", "**").text() == "**52.46 ± 3.14**"
+    assert cell.within("− 3e-4: {", "} †").text() == "− 3e-4: {52.46 ± 3.14} †"  # braces kept as written
+    assert markdown_text([prose("### T"), Table(None, (("gap", cell),), "lr")]) == (
+        "### T\n\n| | |\n|---|---:|\n| gap | 52.46 ± 3.14 |\n"
+    )
+
+
 def test_the_arc_shows_its_scores_between_its_heading_and_its_styles_and_skips_what_it_lacks():
-    report = Report(counts=None, tables="### T\n", rows=(), ceilings="")
-    styles = Section("styles", "## What the learners select", ("### S\n",))
-    text = render("arc", [styles, Section("heading", "# Arc", ("Written.",)), *arc_scores(report, None)])
-    opening = f"# Arc\n\nWritten.\n\n## Statistics\n\n{STATISTICS}\n\n## Results\n\n### T\n\n{FIGURE}\n\n"
+    report = Report(counts=None, tables=(prose("### T"),), rows=(), ceilings=())
+    styles = Section("styles", "## What the learners select", (prose("### S"),))
+    heading = Section("heading", "# Arc", (prose("Written."),))
+    text = render("arc", [styles, heading, *arc_scores(report, [])])
+    opening = (
+        f"# Arc\n\nWritten.\n\n## Statistics\n\n{STATISTICS}\n\n## Results\n\n### T\n\n{FIGURE_LINE}\n\n"
+    )
     assert text.startswith(opening)
     assert "## Against the ceilings" not in text and "## Ablations" not in text
     assert text.index("## What the learners select\n\n### S\n") < text.index("## Raw data\n\n`counts.json`")
-    with_both = render("arc", arc_scores(Report(None, "t", (), ceilings="c"), "a"))
+    with_both = render(
+        "arc", arc_scores(Report(None, (prose("t"),), (), ceilings=(prose("c"),)), [prose("a")])
+    )
     assert "## Against the ceilings of selection\n\nc\n\n## Ablations\n\na\n\n## Raw data" in with_both
 
 
@@ -94,7 +114,7 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
         SimpleNamespace(seed=1, result=SimpleNamespace(run_id=f"id-{i}"), metrics=metrics)
         for i, metrics in enumerate((first, []))
     ]
-    report = Report(counts=None, tables="### Tables\n", rows=(), ceilings="### Ceilings\n")
+    report = Report(counts=None, tables=(prose("### Tables"),), rows=(), ceilings=(prose("### Ceilings"),))
     config.report_dir.mkdir()
     write_compare_readme(config, planned, records, {1: "plan-1"}, None, report)
     data = ReportData.read(config.report_dir)
@@ -103,7 +123,8 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
     readme = (config.report_dir / "README.md").read_text()
     assert readme == render("compare", [*data.sections, *compare_scores(report)])
     assert (
-        f"## Results\n\n### Tables\n\n### Ceilings\n\n{FIGURE}\n\n## Statistics\n\n{STATISTICS}\n\n" in readme
+        f"## Results\n\n### Tables\n\n### Ceilings\n\n{FIGURE_LINE}\n\n## Statistics\n\n{STATISTICS}\n\n"
+        in readme
     )
     assert (
         "## Data plans\n\n| seed | data-order fingerprint | runs |\n|---:|---|---:|\n| 1 | `plan-1` | 2 |\n\n"
@@ -122,17 +143,30 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
 
 
 def test_report_json_comes_back_as_written_and_the_readme_is_rendered_from_it(tmp_path):
-    data = ReportData("tuning", (Section("heading", "# A sweep", ("Written then, ±, π.",)),))
-    readme = write_readme(tmp_path, data, tuning_scores("### Rates\n"))
-    assert readme.read_text() == "# A sweep\n\nWritten then, ±, π.\n\n### Rates\n"
+    table = Table(("lr", "mean"), (("3e-4", number("{:.2f} ({})", 52.456, "10/20")),), "lr")
+    heading = Section(
+        "heading", "# A sweep", (prose("Written then, ±, π."), table, Figure("f.png", "curves"))
+    )
+    reproduce = Section("note", "", (Code("bash", ("ggpo tune",)),))
+    data = ReportData("tuning", (heading, reproduce))
+    readme = write_readme(tmp_path, data, tuning_scores([prose("### Rates")]))
+    assert readme.read_text() == (
+        "# A sweep\n\nWritten then, ±, π.\n\n| lr | mean |\n|---|---:|\n| 3e-4 | 52.46 (10/20) |\n\n"
+        "![curves](f.png)\n\n```bash\nggpo tune\n```\n\n### Rates\n"
+    )
     assert ReportData.read(tmp_path) == data
-    assert '"format": "ggpo-offline report 1"' in (tmp_path / REPORT_DATA).read_text()
-    (tmp_path / REPORT_DATA).write_text('{"format": "ggpo-offline report 0", "kind": "tuning"}')
+    stored = json.loads((tmp_path / REPORT_DATA).read_text())
+    assert stored["format"] == "ggpo-offline report 2"
+    # The data, not the text: each number whole, with the format that writes it.
+    assert stored["sections"][0]["blocks"][1]["table"]["rows"] == [
+        ["3e-4", {"format": "{:.2f} ({})", "values": [52.456, "10/20"]}]
+    ]
+    (tmp_path / REPORT_DATA).write_text('{"format": "ggpo-offline report 1", "kind": "tuning"}')
     with pytest.raises(
-        UserError, match="has format 'ggpo-offline report 0'; .* reads format ggpo-offline report 1$"
+        UserError, match="has format 'ggpo-offline report 1'; .* reads format ggpo-offline report 2$"
     ):
         ReportData.read(tmp_path)
-    (tmp_path / REPORT_DATA).write_text('{"format": "ggpo-offline report 1", "kind": "poem"}')
+    (tmp_path / REPORT_DATA).write_text('{"format": "ggpo-offline report 2", "kind": "poem"}')
     with pytest.raises(UserError, match="report.json: a report of unknown kind 'poem'$"):
         ReportData.read(tmp_path)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ggpo_offline.compare.blocks import markdown_text
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, FIGURES, RunRecord, write_report, write_tables
 from ggpo_offline.compare.stats import holm
@@ -422,7 +423,7 @@ def test_the_ceilings_section_sets_each_method_against_both_ceilings_per_prompt_
         _arith_record("ggpo", [8] * 10, seed=7),
     ]
     counts = Counts.from_records(runs, ["grpo", "ggpo"], [42, 7])
-    lines = ceilings_section(Scores(counts), ["grpo", "ggpo"], STYLES_REPORT)
+    lines = markdown_text(ceilings_section(Scores(counts), ["grpo", "ggpo"], STYLES_REPORT)).split("\n")
     # flat share 0.4: prompt-blind = max(careful .4*20 + .6*70 = 50, quick .4*90 + .6*30 = 54); aware 36 + 42
     assert "reaches at most the **prompt-blind ceiling**, 54.00 (quick everywhere)" in lines[2]
     assert "**prompt-aware ceiling**, 78.00 (quick on flat: 90.0, careful on nested: 70.0)" in lines[2]
@@ -437,7 +438,7 @@ def test_the_ceilings_section_sets_each_method_against_both_ceilings_per_prompt_
     assert lines[8] == "| GGPO | 10 | 100.00 | 100.00 | 100.00 | +46.00 [+46.00, +46.00] | resolved |"
     assert lines[-2] == "Resolved above the prompt-blind ceiling (Holm over the 2 methods): GGPO."
     one_seed = Counts.from_records([grpo], ["grpo"], [42])
-    alone = ceilings_section(Scores(one_seed), ["grpo"], STYLES_REPORT)
+    alone = markdown_text(ceilings_section(Scores(one_seed), ["grpo"], STYLES_REPORT)).split("\n")
     assert alone[-2] == (
         "No method ends resolved above the prompt-blind ceiling (54.00; one seed: too few seeds for a"
         " verdict). The best, GRPO, ends at 55.00: flat 100.0 against quick's 90.0, nested 25.0 against"
@@ -457,7 +458,8 @@ def test_the_files_and_the_terminal_show_one_computed_report_never_read_back(tmp
         for m, c in (("grpo", [8] * 4 + [2] * 6), ("ggpo", [8] * 10))
     ]
     report = compute_report(Counts.from_records(runs, ["grpo", "ggpo"], [42, 7]), STYLES_REPORT)
-    assert report.tables.startswith("### Validation accuracy") and report.ceilings.startswith("### Against")
+    assert report.table_md.startswith("### Validation accuracy")
+    assert markdown_text(report.ceilings).startswith("### Against")
     with monkeypatch.context() as guard:
         refuse_reading_back(guard, tmp_path)
         with pytest.raises(AssertionError, match="table.md was read back"):  # the guard works
@@ -467,8 +469,8 @@ def test_the_files_and_the_terminal_show_one_computed_report_never_read_back(tmp
             CompareResult(tmp_path, runs, {42: "plan", 7: "plan"}, None, {}, report)
         )
     printed = capsys.readouterr().out
-    assert (tmp_path / "table.md").read_text() == report.tables and report.tables in printed
-    assert (tmp_path / "ceilings.md").read_text() == report.ceilings
+    assert (tmp_path / "table.md").read_text() == report.table_md and report.table_md in printed
+    assert (tmp_path / "ceilings.md").read_text() == markdown_text(report.ceilings)
     with (tmp_path / "table.csv").open() as handle:
         assert tuple(csv.DictReader(handle)) == tuple({k: str(v) for k, v in r.items()} for r in report.rows)
     without = compute_report(report.counts)  # without --ceilings: no ceilings.md, not an old one

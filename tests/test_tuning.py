@@ -10,6 +10,7 @@ from test_arc import BASE, TRAIN_SETTINGS, _part, _write_run
 from test_cli import assert_one_error_line, ggpo, ggpo_here
 
 from ggpo_offline.compare import stats
+from ggpo_offline.compare.blocks import markdown_text
 from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.tables import rate_text
 from ggpo_offline.compare.tuning import TUNING_FILE, Sweep, chosen_rates, tune_report, tuning_tables
@@ -63,7 +64,7 @@ def test_each_learner_gets_the_rate_whose_run_peaks_highest_and_the_report_comes
     assert chosen_rates(sweep) == {"grpo": 3e-4, "ggpo": 1e-4}
     assert sweep.seeds == [42] and sweep.runs["grpo"]["3e-4"]["42"]["4"] == {f"p{i}": 7 for i in range(8)}
     readme = (out / "README.md").read_text()
-    assert tuning_tables(sweep) in readme  # the tables are recomputed from tuning.json alone
+    assert markdown_text(tuning_tables(sweep)) in readme  # the tables are recomputed from tuning.json alone
     assert "seeds 42, U = 8 updates of G = 4 groups, validation 4 problems × 8 every 4 updates" in readme
     assert (
         "| GRPO | 37.50 (4) | 62.50 (8) | **87.50 (4)** | 3e-4 (grid edge) | − 1e-4: +25.00 [+25.00, +25.00]"
@@ -117,7 +118,7 @@ def test_with_seeds_each_run_selects_its_own_checkpoint_and_the_margins_are_one_
     assert grpo.interval.verdict == "resolved" and grpo.p_holm == pytest.approx(2 * grpo.interval.p_value)
     assert grpo.verdict == "not resolved" and ggpo.verdict == "not resolved"
     readme = (out / "README.md").read_text()
-    assert tuning_tables(sweep) in readme and "seeds 42, 1234, 2027, U = 8 updates" in readme
+    assert markdown_text(tuning_tables(sweep)) in readme and "seeds 42, 1234, 2027, U = 8 updates" in readme
     assert f"| GRPO | 56.25 (8/4/8) | **85.94 (4/4/8)** | 3e-4 | − 1e-4: {grpo.text()} |" in readme
     assert f"| GGPO | **56.25 (8/8/4)** | 54.17 (8/4/4) | 1e-4 | − 3e-4: {ggpo.text()} |" in readme
     assert "| GRPO | 1e-4 | 25.00 | 50.00 | 47.92 |" in readme  # every evaluation, mean over seeds
@@ -178,6 +179,6 @@ def test_the_presets_rates_are_the_ones_the_committed_sweeps_chose():
         sweep = Sweep.read(folder)  # committed as format 1: no "format" key
         assert not chosen.keys() & chosen_rates(sweep).keys(), folder
         chosen |= chosen_rates(sweep)
-        assert tuning_tables(sweep) in (folder / "README.md").read_text()
+        assert markdown_text(tuning_tables(sweep)) in (folder / "README.md").read_text()
         assert len(sweep.seeds) >= 2 and sweep.settings["updates"] == PRESETS["tiny"]["updates"]
     assert chosen == TUNED_LR.chosen

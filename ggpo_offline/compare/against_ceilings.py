@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from ggpo_offline.compare import stats
+from ggpo_offline.compare.blocks import Block, Table, number, prose
 from ggpo_offline.compare.counts import BASE, SELECTED
 from ggpo_offline.compare.scores import At, Scores
 from ggpo_offline.compare.tables import display
-from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.organism.ceilings import selection_ceilings
 from ggpo_offline.organism.styles import prompt_class
@@ -26,8 +26,8 @@ def _classes(prompt_ids: tuple[str, ...]) -> list[str] | None:
     return None if not all(levels) else [prompt_class(int(level.group(1))) for level in levels]
 
 
-def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) -> list[str]:
-    """Markdown: each method's test mean@n at its selected checkpoint, per prompt class and against the
+def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) -> list[Block]:
+    """Each method's test mean@n at its selected checkpoint, per prompt class and against the
     prompt-blind ceiling (paired over seeds and problems; the ceiling itself taken as exact), and a verdict
     in words. Empty when there is no test split or its problems are not arith problems."""
     counts = scores.counts
@@ -46,17 +46,17 @@ def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) ->
     aware, best = 100 * found["prompt_aware_ceiling"]["accuracy"], found["prompt_aware_ceiling"]["styles"]
     n = counts.n["test"]
     forced = styles_report["forced_by_class"]
-    lines = [
-        f"### Against the ceilings of selection: test at the selected checkpoint on {scope} (%)",
-        "",
-        f"The pool's model forced into one style everywhere reaches at most the **prompt-blind ceiling**, "
-        f"{blind:.2f} ({blind_style} everywhere); the best style of each prompt class reaches the "
-        f"**prompt-aware ceiling**, {aware:.2f} ("
-        + ", ".join(f"{style} on {name}: {100 * forced[style][name]:.1f}" for name, style in best.items())
-        + f"). Both are the forced accuracies per class that `ggpo measure-styles` measured "
-        f"({styles_report['n_problems']} {styles_report['split']} problems × {styles_report['m']}), weighted "
-        "by this benchmark's class shares; the interval treats the ceiling as exact.",
-        "",
+    blocks = [
+        prose(f"### Against the ceilings of selection: test at the selected checkpoint on {scope} (%)"),
+        prose(
+            f"The pool's model forced into one style everywhere reaches at most the **prompt-blind ceiling**,"
+            f" {blind:.2f} ({blind_style} everywhere); the best style of each prompt class reaches the "
+            f"**prompt-aware ceiling**, {aware:.2f} ("
+            + ", ".join(f"{style} on {name}: {100 * forced[style][name]:.1f}" for name, style in best.items())
+            + f"). Both are the forced accuracies per class that `ggpo measure-styles` measured "
+            f"({styles_report['n_problems']} {styles_report['split']} problems × {styles_report['m']}),"
+            " weighted by this benchmark's class shares; the interval treats the ceiling as exact."
+        ),
     ]
     scored, intervals, ends = {}, {}, {}
     for method in [BASE] + methods:
@@ -64,19 +64,19 @@ def ceilings_section(scores: Scores, methods: list[str], styles_report: dict) ->
         points = scores.points(method, at)
         updates = counts.checkpoints(method, at.checkpoint)
         update = " ".join(map(str, updates)) if len(set(updates)) > 1 else str(updates[0])
-        per_class = [f"{points[:, masks[name]].mean():.2f}" for name in names]
+        per_class = [number("{:.2f}", float(points[:, masks[name]].mean())) for name in names]
         intervals[method] = stats.paired_interval(points - blind)
         ends[method] = (float(points.mean()), {name: float(points[:, masks[name]].mean()) for name in names})
-        scored[method] = [display(method), update, *per_class, f"{points.mean():.2f}"]
+        scored[method] = [display(method), update, *per_class, number("{:.2f}", float(points.mean()))]
     judged = dict(zip(methods, stats.judge([intervals[m] for m in methods]), strict=True))
     above = [display(m) for m in methods if judged[m].resolved and judged[m].interval.mean > 0]
     verdicts = {BASE: ""} | {method: judged[method].verdict for method in methods}
-    header = ["method", "update", *(f"{name} ({problems[name]})" for name in names), f"mean@{n}"]
-    header += ["− prompt-blind ceiling [95 % CI]", f"verdict (Holm over {len(methods)})"]
-    table_rows = [[*cells, intervals[m].text(), verdicts[m]] for m, cells in scored.items()]
-    lines += [*markdown.table(header, table_rows, "lr" + "r" * (len(names) + 2) + "l"), ""]
-    lines += [_verdict(ends, methods, above, blind, forced, best, len(counts.seeds)), ""]
-    return lines
+    header = ("method", "update", *(f"{name} ({problems[name]})" for name in names), f"mean@{n}")
+    header += ("− prompt-blind ceiling [95 % CI]", f"verdict (Holm over {len(methods)})")
+    table_rows = tuple((*cells, intervals[m].number(), verdicts[m]) for m, cells in scored.items())
+    blocks.append(Table(header, table_rows, "lr" + "r" * (len(names) + 2) + "l"))
+    blocks.append(prose(_verdict(ends, methods, above, blind, forced, best, len(counts.seeds))))
+    return blocks
 
 
 def _verdict(

@@ -10,6 +10,7 @@ import numpy as np
 
 from ggpo_offline.compare import render, stats
 from ggpo_offline.compare.against_ceilings import read_ceilings
+from ggpo_offline.compare.blocks import Block, Section, Table, markdown_text, number, prose
 from ggpo_offline.compare.config import ArcConfig
 from ggpo_offline.compare.counts import Counts
 from ggpo_offline.compare.finished_runs import (
@@ -21,10 +22,9 @@ from ggpo_offline.compare.finished_runs import (
     validation_counts,
 )
 from ggpo_offline.compare.manifest import MARKER, CompareManifest
-from ggpo_offline.compare.render import ReportData, Section, arc_scores, written_line
+from ggpo_offline.compare.render import ReportData, arc_scores, written_line
 from ggpo_offline.compare.report import Report, write_report
 from ggpo_offline.compare.tables import display, rate_text
-from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError, replace_text, stored_format, write_json
 from ggpo_offline.generate.engines.base import EngineName
 from ggpo_offline.pool.source import read_pool_info
@@ -48,23 +48,29 @@ def arc_report(config: ArcConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     report = write_report(records, list(config.methods), list(config.seeds), out, ceilings)
     if config.ablations is not None:
-        runs = ablation_runs(_ablation_parts(config.ablations))
-        write_ablation_runs(out, runs)
-        ablations = ablation_table(report.counts, runs)
-        replace_text(out / ABLATIONS_FILE, ablations)
-    else:  # the folder keeps an earlier arc-report's ablations, and its README shows them
-        earlier = out / ABLATIONS_FILE
-        ablations = earlier.read_text() if earlier.is_file() else None
+        write_ablation_runs(out, ablation_runs(_ablation_parts(config.ablations)))
+    ablations = write_ablations(out, report.counts)  # else the folder's earlier ablation runs, if any
     by_run = {(r.method, r.seed): r for r in records}
     chosen = [by_run[(m, config.styles_seed)] for m in config.methods if (m, config.styles_seed) in by_run]
     styles = styles_along(chosen, config.styles_problems, out / "styles.json", config.styles_engine)
-    replace_text(out / STYLES_FILE, styles)
+    replace_text(out / STYLES_FILE, markdown_text(styles))
     write_readme(config, records, report, ablations, styles)
     return out
 
 
+def write_ablations(folder: Path, counts: Counts) -> list[Block]:
+    """ablations.md recomputed from the folder's ablations.json and ``counts``; its blocks (none where the
+    folder holds no ablation runs)."""
+    runs = read_ablation_runs(folder)
+    if runs is None:
+        return []
+    ablations = ablation_table(counts, runs)
+    replace_text(folder / ABLATIONS_FILE, markdown_text(ablations))
+    return ablations
+
+
 def write_readme(
-    config: ArcConfig, records: list[RunRecord], report: Report, ablations: str | None, styles: str
+    config: ArcConfig, records: list[RunRecord], report: Report, ablations: list[Block], styles: list[Block]
 ) -> None:
     """The arc's README (`render`): what ran and the style shares, kept in report.json, with the tables
     (``report``), the ablations and how to recompute them."""
@@ -86,9 +92,11 @@ def write_readme(
         f" {settings.eval_n}), test once per run at the end ({settings.test_num_problems} problems).",
         "Within a seed every method replays the same minibatches in the same order.",
     )
-    sections = [Section("heading", "# The offline arc on the embedded model (`make arc`)", heading)]
+    sections = [
+        Section("heading", "# The offline arc on the embedded model (`make arc`)", (prose(*heading),))
+    ]
     if styles:
-        sections.append(Section("styles", "## What the learners select", (styles,)))
+        sections.append(Section("styles", "## What the learners select", tuple(styles)))
     render.write_readme(config.out, ReportData("arc", tuple(sections)), arc_scores(report, ablations))
 
 
@@ -180,7 +188,7 @@ def ablation_runs(ablations: dict[str, list[RunRecord]]) -> list[AblationRun]:
     ]
 
 
-def ablation_table(counts: Counts, ablations: list[AblationRun]) -> str:
+def ablation_table(counts: Counts, ablations: list[AblationRun]) -> list[Block]:
     """The paper's Table 6 axes on validation: each setting beside the default runs of the same method and
     seeds (from ``counts``; an ablation learner beside the learner it ablates), at each run's final and peak
     (selected) checkpoint: the means over the seeds both have, the setting's own fall (peak − final, paired
@@ -203,20 +211,20 @@ def ablation_table(counts: Counts, ablations: list[AblationRun]) -> str:
         peaks.append(stats.difference(at_peak, _at(default, _peak, n), n))
         updates = ", ".join(_peak(evaluations, n) for evaluations in ablated)
         means = (_mean(ablated, _peak, n), _mean(ablated, _final, n))
-        rows.append([setting, display(method), len(runs), f"{means[0]:.2f} ({updates})", f"{means[1]:.2f}"])
+        peak = number("{:.2f} ({})", means[0], updates)
+        rows.append([setting, display(method), number("{}", len(runs)), peak, number("{:.2f}", means[1])])
     for row, *judged in zip(rows, *map(stats.judge, (falls, finals, peaks)), strict=True):
-        row += [interval.text() for interval in judged]
-    header = ["setting", "method", "seeds", "peak (updates)", "final", "peak − final [95 %]"]
-    header += ["final − default final [95 %]", "peak − default peak [95 %]"]
-    lines = [
-        "### Ablations on validation (mean@n %, mean over seeds): peak and final beside the default settings",
-        "",
-        *markdown.table(header, rows, "llrrrrrr"),
-        "",
-        _defaults_line(arms, n),
-        "",
+        row += [interval.number() for interval in judged]
+    header = ("setting", "method", "seeds", "peak (updates)", "final", "peak − final [95 %]")
+    header += ("final − default final [95 %]", "peak − default peak [95 %]")
+    return [
+        prose(
+            "### Ablations on validation (mean@n %, mean over seeds): peak and final beside the default"
+            " settings"
+        ),
+        Table(header, tuple(map(tuple, rows)), "llrrrrrr"),
+        prose(_defaults_line(arms, n)),
     ]
-    return "\n".join(lines)
 
 
 def _final(evaluations: dict[str, dict[str, int]], n: int) -> str:
@@ -259,7 +267,9 @@ def _defaults_line(arms: dict[tuple[str, str], list[tuple[int, dict, dict]]], n:
     )
 
 
-def styles_along(records: list[RunRecord], problems: int, json_out: Path, engine_name: EngineName) -> str:
+def styles_along(
+    records: list[RunRecord], problems: int, json_out: Path, engine_name: EngineName
+) -> list[Block]:
     """`measure-styles --no-forced` on validation at update 0, each run's selected checkpoint and its final
     one: which behaviours a learner moves to, including output no style of the pool opens with ("other").
     ``engine_name`` vllm: one engine samples for every checkpoint (hf: `generate` per checkpoint)."""
@@ -302,17 +312,9 @@ def _checkpoints(records: list[RunRecord]) -> list[tuple[str, int, Path]]:
     return rows
 
 
-def styles_table(measured: dict[str, dict], problems: int, seed: int) -> str:
+def styles_table(measured: dict[str, dict], problems: int, seed: int) -> list[Block]:
     """One row per measured checkpoint: mean@8, then each style's share of the samples and its accuracy."""
     names = sorted({name for report in measured.values() for name in report["styles"]}, key=_style_order)
-    lines = [
-        f"### Style shares along the arc (seed {seed}; `measure-styles --no-forced`, {problems} validation"
-        " problems × 8)",
-        "",
-        "Each cell: share of the samples opening with that style, then (in parentheses) how often those are"
-        " right. *other*: samples that open with no style marker, which the pool never shows.",
-        "",
-    ]
     table_rows = []
     for key, report in measured.items():
         cells = []
@@ -321,11 +323,22 @@ def styles_table(measured: dict[str, dict], problems: int, seed: int) -> str:
             if style is None:
                 cells.append("0%")
                 continue
-            right = "–" if style["accuracy"] is None else f"{100 * style['accuracy']:.0f}%"
-            cells.append(f"{100 * style['share']:.0f}% ({right})")
-        table_rows.append([key, f"{100 * report['accuracy']:.1f}", *cells])
-    lines += markdown.table(["checkpoint", "mean@8", *names], table_rows, "lr" + "r" * len(names))
-    return "\n".join(lines + [""])
+            if style["accuracy"] is None:
+                cells.append(number("{:.0f}% (–)", 100 * style["share"]))
+            else:
+                cells.append(number("{:.0f}% ({:.0f}%)", 100 * style["share"], 100 * style["accuracy"]))
+        table_rows.append((key, number("{:.1f}", 100 * report["accuracy"]), *cells))
+    return [
+        prose(
+            f"### Style shares along the arc (seed {seed}; `measure-styles --no-forced`, {problems}"
+            " validation problems × 8)"
+        ),
+        prose(
+            "Each cell: share of the samples opening with that style, then (in parentheses) how often those"
+            " are right. *other*: samples that open with no style marker, which the pool never shows."
+        ),
+        Table(("checkpoint", "mean@8", *names), tuple(table_rows), "lr" + "r" * len(names)),
+    ]
 
 
 def _style_order(name: str) -> tuple[int, str]:

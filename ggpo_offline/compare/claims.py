@@ -1,6 +1,7 @@
 """The GGPO paper's offline claims (Table 5 / Figure 4), each checked with paired intervals and a verdict."""
 
 from ggpo_offline.compare import stats
+from ggpo_offline.compare.blocks import Block, prose
 from ggpo_offline.compare.counts import BASE, SELECTED
 from ggpo_offline.compare.scores import At, Scores
 from ggpo_offline.compare.tables import csv_row, display, headline, validation_declines
@@ -34,20 +35,22 @@ class Claims:
         self.lines: list[str] = []
         self.rows: list[dict] = []
 
-    def section(self) -> tuple[list[str], list[dict]]:
+    def section(self) -> tuple[list[Block], list[dict]]:
         for claim in (self.highest, self.near_base, self.declines, self.mid_training):
             claim()
         if not self.lines:
             return [], []
-        head = [
-            "### The paper's offline claims, with paired 95 % intervals",
-            "",
-            "Each claim's intervals are one family (Holm, its size in brackets). **resolved**: every one is"
-            " resolved on the claimed side; **resolved against**: one is resolved on the other side; **not"
-            " resolved**: the data cannot tell at this size; **too few seeds**: one seed cannot say.",
-            "",
+        blocks = [
+            prose("### The paper's offline claims, with paired 95 % intervals"),
+            prose(
+                "Each claim's intervals are one family (Holm, its size in brackets). **resolved**: every one"
+                " is resolved on the claimed side; **resolved against**: one is resolved on the other side;"
+                " **not resolved**: the data cannot tell at this size; **too few seeds**: one seed cannot"
+                " say."
+            ),
+            prose(*self.lines),
         ]
-        return head + self.lines + [""], self.rows
+        return blocks, self.rows
 
     def _family(self, claim: str, items: list[tuple]) -> list[stats.Judged]:
         """``items`` (terms, method, versus, at) judged as one family, each with its table.csv row."""

@@ -6,10 +6,10 @@ import shlex
 from pathlib import Path
 
 from ggpo_offline.compare import render
+from ggpo_offline.compare.blocks import Code, Section, Table, number, prose
 from ggpo_offline.compare.config import CompareConfig
-from ggpo_offline.compare.render import ReportData, Section, compare_scores, written_line
+from ggpo_offline.compare.render import ReportData, compare_scores, written_line
 from ggpo_offline.compare.report import Report, RunRecord
-from ggpo_offline.core import markdown
 from ggpo_offline.core.settings import leaf_values, leaves, to_flags
 from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.pool.inspect import pool_summary
@@ -74,10 +74,12 @@ def _heading(config: CompareConfig) -> Section:
         "heading",
         f"# Comparison on `{Path(config.pool).name}`",
         (
-            written_line(),
-            f"Methods: {', '.join(config.methods)}; seeds: {', '.join(map(str, config.seeds))}.",
-            "Within a seed every method replays the same minibatches in the same order (data-order"
-            " fingerprints below); each minibatch is used once.",
+            prose(
+                written_line(),
+                f"Methods: {', '.join(config.methods)}; seeds: {', '.join(map(str, config.seeds))}.",
+                "Within a seed every method replays the same minibatches in the same order (data-order"
+                " fingerprints below); each minibatch is used once.",
+            ),
         ),
     )
 
@@ -96,7 +98,7 @@ def _pool(config: CompareConfig, fingerprint: str, records: list[RunRecord]) -> 
         f"- sampling: `{json.dumps(info.raw.get('sampling', {}), sort_keys=True)}`",
         *_sampler_line(records),
     )
-    return Section("pool", "## Pool", lines)
+    return Section("pool", "## Pool", (prose(*lines),))
 
 
 def _sampler_line(records: list[RunRecord]) -> tuple[str, ...]:
@@ -116,24 +118,24 @@ def _sampler_line(records: list[RunRecord]) -> tuple[str, ...]:
 
 
 def _data_plans(data_plans: dict[int, str], records: list[RunRecord]) -> Section:
-    rows = [
-        (seed, f"`{fingerprint}`", sum(r.seed == seed for r in records))
+    rows = tuple(
+        (number("{}", seed), f"`{fingerprint}`", number("{}", sum(r.seed == seed for r in records)))
         for seed, fingerprint in data_plans.items()
-    ]
-    table = markdown.table(["seed", "data-order fingerprint", "runs"], rows, "rlr")
-    return Section("data plans", "## Data plans", tuple(table))
+    )
+    table = Table(("seed", "data-order fingerprint", "runs"), rows, "rlr")
+    return Section("data plans", "## Data plans", (table,))
 
 
 def _runs(planned, records: list[RunRecord], parent_run_id: str | None) -> Section:
-    rows = [
+    rows = tuple(
         (run.config.run_name, run.verbs.done, f"`{record.result.run_id}`", f"`{run.config.run_dir}`")
         for run, record in zip(planned, records, strict=True)
-    ]
+    )
     parent = "MLflow: not tracked (--no-tracking)."
     if parent_run_id:
         parent = f"MLflow parent run: `{parent_run_id}`"
-    table = markdown.table(["run", "this report", "MLflow run", "folder"], rows)
-    return Section("runs", "## Runs", (parent, "", *table))
+    table = Table(("run", "this report", "MLflow run", "folder"), rows)
+    return Section("runs", "## Runs", (prose(parent), table))
 
 
 def _settings(runs: list[TrainConfig]) -> list[Section]:
@@ -142,25 +144,22 @@ def _settings(runs: list[TrainConfig]) -> list[Section]:
     configs = [run.to_dict() for run in runs]
     shared = {k: v for k, v in configs[0].items() if all(c[k] == v for c in configs) and k not in PER_RUN}
     varying = [k for k in configs[0] if k not in shared and k not in PER_RUN]
-    table = markdown.table(["setting", "value"], [(k, f"`{v}`") for k, v in shared.items()])
-    sections = [Section("settings", "## Settings shared by every run", tuple(table))]
+    table = Table(("setting", "value"), tuple((k, f"`{v}`") for k, v in shared.items()))
+    sections = [Section("settings", "## Settings shared by every run", (table,))]
     if varying:
-        rows = [[run.run_name, *(f"`{c[k]}`" for k in varying)] for run, c in zip(runs, configs, strict=True)]
-        table = markdown.table(["run", *varying], rows)
-        sections.append(Section("settings", "## Settings that differ by run", tuple(table)))
+        rows = tuple(
+            (run.run_name, *(f"`{c[k]}`" for k in varying)) for run, c in zip(runs, configs, strict=True)
+        )
+        sections.append(
+            Section("settings", "## Settings that differ by run", (Table(("run", *varying), rows),))
+        )
     return sections
 
 
 def _reproduce(config: CompareConfig, planned) -> Section:
-    lines = (
-        "```bash",
-        reproduce_command(config),
-        "```",
-        "",
-        "Each run alone:",
-        "",
-        "```bash",
-        *[train_command(run.config, config) for run in planned],
-        "```",
+    blocks = (
+        Code("bash", (reproduce_command(config),)),
+        prose("Each run alone:"),
+        Code("bash", tuple(train_command(run.config, config) for run in planned)),
     )
-    return Section("reproduce", "## Reproduce", lines)
+    return Section("reproduce", "## Reproduce", blocks)

@@ -5,10 +5,10 @@ import math
 import statistics
 
 from ggpo_offline.compare import stats
+from ggpo_offline.compare.blocks import Block, Table, number, prose
 from ggpo_offline.compare.claims import directional
 from ggpo_offline.compare.scores import At, Matched, Scores
 from ggpo_offline.compare.tables import MARK_NOTE, csv_row, display, headline, rank, ranked_row
-from ggpo_offline.core import markdown
 from ggpo_offline.train.learners import learner
 
 SHARES = (0.25, 0.5, 1.0)
@@ -30,7 +30,7 @@ def matched_levels(scores: Scores, methods: list[str]) -> list[float]:
     return sorted({share * reach for share in SHARES}) if reach > 0 else []
 
 
-def frontier_section(scores: Scores, methods: list[str]) -> tuple[list[str], list[dict]]:
+def frontier_section(scores: Scores, methods: list[str]) -> tuple[list[Block], list[dict]]:
     """Validation mean@n at matched probe K3 levels, ranked row by row as the accuracy table is; empty when
     the runs measured no drift (no probe) or none moved."""
     counts = scores.counts
@@ -45,32 +45,32 @@ def frontier_section(scores: Scores, methods: list[str]) -> tuple[list[str], lis
     for level in levels:
         at = At("validation", scope, Matched(level))
         ranked, cells = rank(scores, methods, at), {m: scores.cell(m, at) for m in methods}
-        table_rows.append([f"{level:.3g}", *(ranked.mark(m, cells[m].text()) for m in methods)])
+        table_rows.append((number("{:.3g}", level), *(ranked.mark(m, cells[m].number()) for m in methods)))
         rows += [ranked_row("matched_drift", at, m, metric, cells[m], ranked, "") for m in methods]
-    lines = [
-        f"### Accuracy at matched drift: validation {scope} mean@{n} (%) where each run's drift from π0"
-        " reaches the same probe K3",
-        "",
-        "Drift: probe K3, the token mean of exp(λ) − λ − 1 with λ = log π_θ − log π0 on a fixed probe of the"
-        " pool's responses (its first mixed groups, teacher-forced; `--probe-groups`), measured at every"
-        " validation checkpoint. A run's score at a level is interpolated linearly in K3 between the two"
-        " checkpoints around the first one where its drift reaches that level, problem by problem; levels are"
-        f" {', '.join(f'{share:g}' for share in SHARES)} of the largest K3 every run reaches"
-        f" ({common_reach(scores, methods):.3g}). A method ahead at matched updates only because it moved"
-        " further from π0 is not ahead here. The frontier is as fine as the evaluation schedule: a run whose"
-        " first evaluation after update 0 is already beyond a level is read on a straight line from the base"
-        " model there.",
-        "",
-        *markdown.table(["probe K3", *map(display, methods)], table_rows, "r" * (1 + len(methods))),
-        "",
-        MARK_NOTE.format(where="row", pairs=len(methods) * (len(methods) - 1) // 2),
-        "",
+    blocks = [
+        prose(
+            f"### Accuracy at matched drift: validation {scope} mean@{n} (%) where each run's drift from π0"
+            " reaches the same probe K3"
+        ),
+        prose(
+            "Drift: probe K3, the token mean of exp(λ) − λ − 1 with λ = log π_θ − log π0 on a fixed probe of"
+            " the pool's responses (its first mixed groups, teacher-forced; `--probe-groups`), measured at"
+            " every validation checkpoint. A run's score at a level is interpolated linearly in K3 between"
+            " the two checkpoints around the first one where its drift reaches that level, problem by"
+            f" problem; levels are {', '.join(f'{share:g}' for share in SHARES)} of the largest K3 every run"
+            f" reaches ({common_reach(scores, methods):.3g}). A method ahead at matched updates only because"
+            " it moved further from π0 is not ahead here. The frontier is as fine as the evaluation"
+            " schedule: a run whose first evaluation after update 0 is already beyond a level is read on a"
+            " straight line from the base model there."
+        ),
+        Table(("probe K3", *map(display, methods)), tuple(table_rows), "r" * (1 + len(methods))),
+        prose(MARK_NOTE.format(where="row", pairs=len(methods) * (len(methods) - 1) // 2)),
     ]
-    claim_lines, claim_rows = matched_claims(scores, methods, levels)
-    return lines + claim_lines, rows + claim_rows
+    claim_blocks, claim_rows = matched_claims(scores, methods, levels)
+    return blocks + claim_blocks, rows + claim_rows
 
 
-def matched_claims(scores: Scores, methods: list[str], levels: list[float]) -> tuple[list[str], list[dict]]:
+def matched_claims(scores: Scores, methods: list[str], levels: list[float]) -> tuple[list[Block], list[dict]]:
     """The paper's claims (a) and (d) read at matched drift instead of matched updates, each one Holm family
     with a verdict as in `claims`: (a) GGPO − each other method at every level; (d) GRPO+TIS − GRPO at the
     middle level (the paper's mid-training)."""
@@ -103,8 +103,12 @@ def matched_claims(scores: Scores, methods: list[str], levels: list[float]) -> t
             f"- (d) at matched drift, GRPO+TIS ≥ GRPO: at probe K3 {middle:.3g}, GRPO+TIS − GRPO"
             f" {one.interval.text()}, **{directional([one])}**."
         )
-    return (["The paper's claims at matched drift (beside the matched-update ones below):", "", *lines, ""]
-            if lines else []), rows  # fmt: skip
+    if not lines:
+        return [], rows
+    return [
+        prose("The paper's claims at matched drift (beside the matched-update ones below):"),
+        prose(*lines),
+    ], rows
 
 
 def plot_frontier(ax, scores: Scores, methods: list[str]) -> None:

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Literal
 
 from ggpo_offline import __version__
+from ggpo_offline.compare.blocks import Block, Figure, Section, block, block_data, prose
 from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, STATISTICS, Report
 from ggpo_offline.core.errors import UserError, read_versioned, replace_text
 
 REPORT_DATA = "report.json"
 """A report folder's run-derived sections, which `ggpo report` renders again beside recomputed scores."""
-REPORT_FORMAT = "ggpo-offline report 1"
+REPORT_FORMAT = "ggpo-offline report 2"
 Kind = Literal["compare", "arc", "tuning"]
 """``ggpo compare`` (docs/demo, docs/beyond, docs/corrections), ``arc-report`` (docs/arc) and ``tune-report``
 (docs/tuning, docs/corrections/tuning)."""
@@ -27,7 +28,6 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
 """Each kind's README, section names in the order shown; a name may hold several sections or none. A "note"
 is prose written into a tuning report's report.json by hand (docs/corrections/tuning), kept when rendered."""
 
-FIGURE = "![validation accuracy, log ratio, ESS, gradient norm and entropy](figure.png)"
 FILES = (
     f"Files: `table.md` and `table.csv` (every number above), `{COUNTS_FILE}` (the per-problem correct"
     " counts of every evaluation, validation and test, from which both tables are recomputed exactly:"
@@ -48,28 +48,18 @@ RAW_DATA = (
 
 
 @dataclass(frozen=True)
-class Section:
-    """A named part of a README: a heading (none for an untitled block) and its markdown lines."""
-
-    name: str
-    heading: str
-    lines: tuple[str, ...]
-
-    def markdown(self) -> list[str]:
-        """The heading, a blank line, the lines and a blank line; an untitled block is its lines alone."""
-        return [self.heading, "", *self.lines, ""] if self.heading else list(self.lines)
-
-
-@dataclass(frozen=True)
 class ReportData:
     """report.json: a report's kind and the sections its runs gave (pool, settings, runs, commands...), which
-    its counts cannot give back."""
+    its raw data (counts.json, tuning.json, ladder.json, regimes.json) cannot give back."""
 
     kind: Kind
     sections: tuple[Section, ...]
 
     def write(self, folder: Path) -> None:
-        sections = [{"name": s.name, "heading": s.heading, "lines": list(s.lines)} for s in self.sections]
+        sections = [
+            {"name": s.name, "heading": s.heading, "blocks": [block_data(b) for b in s.blocks]}
+            for s in self.sections
+        ]
         data = {"format": REPORT_FORMAT, "kind": self.kind, "sections": sections}
         replace_text(folder / REPORT_DATA, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
@@ -81,8 +71,14 @@ class ReportData:
         data = read_versioned(path, (REPORT_FORMAT,), missing)
         if data.get("kind") not in LAYOUTS:
             raise UserError(f"{path}: a report of unknown kind {data.get('kind')!r}")
-        sections = tuple(Section(s["name"], s["heading"], tuple(s["lines"])) for s in data["sections"])
+        sections = tuple(
+            Section(s["name"], s["heading"], tuple(block(b) for b in s["blocks"])) for s in data["sections"]
+        )
         return cls(data["kind"], sections)
+
+
+FIGURE = Figure("figure.png", "validation accuracy, log ratio, ESS, gradient norm and entropy")
+"""A comparison's and the arc's figure of every run's curves."""
 
 
 def written_line(by: str = "") -> str:
@@ -110,26 +106,26 @@ def write_readme(folder: Path, data: ReportData, scored: list[Section]) -> Path:
 def compare_scores(report: Report) -> list[Section]:
     """A comparison's Results (tables, ceilings, figure) and Statistics (what its intervals mean, its
     files)."""
-    results = (report.tables, *([report.ceilings] if report.ceilings else []), FIGURE)
+    results = (*report.tables, *report.ceilings, FIGURE)
     return [
         Section("results", "## Results", results),
-        Section("statistics", "## Statistics", (STATISTICS, "", FILES)),
+        Section("statistics", "## Statistics", (prose(STATISTICS), prose(FILES))),
     ]
 
 
-def arc_scores(report: Report, ablations: str | None) -> list[Section]:
+def arc_scores(report: Report, ablations: list[Block]) -> list[Section]:
     """The arc's Statistics, Results, ceilings and ablations (each where there is one) and raw data list."""
     sections = [
-        Section("statistics", "## Statistics", (STATISTICS,)),
-        Section("results", "## Results", (report.tables, FIGURE)),
+        Section("statistics", "## Statistics", (prose(STATISTICS),)),
+        Section("results", "## Results", (*report.tables, FIGURE)),
     ]
     if report.ceilings:
-        sections.append(Section("ceilings", "## Against the ceilings of selection", (report.ceilings,)))
+        sections.append(Section("ceilings", "## Against the ceilings of selection", report.ceilings))
     if ablations:
-        sections.append(Section("ablations", "## Ablations", (ablations,)))
-    return [*sections, Section("raw data", "## Raw data", (RAW_DATA,))]
+        sections.append(Section("ablations", "## Ablations", tuple(ablations)))
+    return [*sections, Section("raw data", "## Raw data", (prose(RAW_DATA),))]
 
 
-def tuning_scores(tables: str) -> list[Section]:
+def tuning_scores(tables: list[Block]) -> list[Section]:
     """A sweep's tables (`tuning.tuning_tables`), untitled: each begins with its own ### heading."""
-    return [Section("tables", "", (tables,))]
+    return [Section("tables", "", tuple(tables))]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ggpo_offline.compare.against_ceilings import CEILINGS_FILE, ceilings_section
+from ggpo_offline.compare.blocks import Block, markdown_text
 from ggpo_offline.compare.claims import Claims
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.figures import FIGURES, write_figures
@@ -105,16 +106,20 @@ class Report:
     are each rendered from it, none read back from disk."""
 
     counts: Counts
-    tables: str
+    tables: tuple[Block, ...]
     """table.md: validation accuracy, end-of-run scores, pairwise differences, variance, Table 5, claims."""
     rows: tuple[dict, ...]
     """table.csv's rows (columns: ``tables.CSV_FIELDS``), every number of ``tables``."""
-    ceilings: str = ""
-    """ceilings.md: each method against the pool model's ceilings of selection; empty without a styles
+    ceilings: tuple[Block, ...] = ()
+    """ceilings.md: each method against the pool model's ceilings of selection; none without a styles
     report (``--ceilings``) or arith test problems, and then the report has no such file."""
 
+    @property
+    def table_md(self) -> str:
+        return markdown_text(self.tables)
+
     def write_tables(self, out: Path) -> None:
-        replace_text(out / "table.md", self.tables)
+        replace_text(out / "table.md", self.table_md)
         with replacing(out / "table.csv") as tmp, tmp.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
             writer.writeheader()
@@ -125,7 +130,7 @@ class Report:
         another comparison's."""
         self.write_tables(out)
         if self.ceilings:
-            replace_text(out / CEILINGS_FILE, self.ceilings)
+            replace_text(out / CEILINGS_FILE, markdown_text(self.ceilings))
         else:
             (out / CEILINGS_FILE).unlink(missing_ok=True)
 
@@ -146,9 +151,9 @@ def compute_report(counts: Counts, styles: dict | None = None) -> Report:
         table5_section(scores, methods, headline(scores, "validation")),
         Claims(scores, methods).section(),
     ]
-    tables = "\n".join(line for lines, _ in sections for line in lines)
+    tables = tuple(block for blocks, _ in sections for block in blocks)
     rows = tuple(row for _, rows in sections for row in rows)
-    ceilings = "" if styles is None else "\n".join(ceilings_section(scores, methods, styles))
+    ceilings = () if styles is None else tuple(ceilings_section(scores, methods, styles))
     return Report(counts, tables, rows, ceilings)
 
 
@@ -206,4 +211,4 @@ def write_tables(counts: Counts, out: Path) -> str:
     the markdown."""
     report = compute_report(counts)
     report.write_tables(out)
-    return report.tables
+    return report.table_md

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from ggpo_offline.compare import render
 from ggpo_offline.compare.against_ceilings import CEILINGS_FILE, read_ceilings
-from ggpo_offline.compare.arc import ABLATIONS_FILE, ablation_table, read_ablation_runs
+from ggpo_offline.compare.arc import ABLATIONS_FILE, write_ablations
 from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.render import ReportData, arc_scores, compare_scores, tuning_scores
@@ -31,14 +31,8 @@ def rerender_report(config: RefreshConfig) -> list[Path]:
     written = ["table.csv", "table.md", *([CEILINGS_FILE] if report.ceilings else [])]
     if data.kind == "compare":
         return [render.write_readme(folder, data, compare_scores(report)), *(folder / n for n in written)]
-    ablations = None
-    runs = read_ablation_runs(folder)
-    if runs is not None:
-        ablations = ablation_table(report.counts, runs)
-        (folder / ABLATIONS_FILE).write_text(ablations)
-        written.append(ABLATIONS_FILE)
-    elif (folder / ABLATIONS_FILE).is_file():  # an arc-report given no ablations keeps the earlier ones
-        ablations = (folder / ABLATIONS_FILE).read_text()
+    ablations = write_ablations(folder, report.counts)
+    written += [ABLATIONS_FILE] if ablations else []
     return [render.write_readme(folder, data, arc_scores(report, ablations)), *(folder / n for n in written)]
 
 

@@ -9,6 +9,7 @@ from itertools import pairwise
 import numpy as np
 
 from ggpo_offline.compare import stats
+from ggpo_offline.compare.blocks import Number, number
 from ggpo_offline.compare.counts import Counts
 from ggpo_offline.evaluate.benchmark_scores import pass_at_k
 
@@ -60,8 +61,14 @@ class Cell:
         """Sample std (ddof = 1) as the paper reports it; NaN with a single seed."""
         return statistics.stdev(self.values) if len(self.values) > 1 else math.nan
 
+    def number(self) -> Number:
+        """The seed mean ± the sample std over seeds (the mean alone with one seed)."""
+        if math.isnan(self.std):
+            return number("{:.2f}", self.mean)
+        return number("{:.2f} ± {:.2f}", self.mean, self.std)
+
     def text(self) -> str:
-        return f"{self.mean:.2f}" if math.isnan(self.std) else f"{self.mean:.2f} ± {self.std:.2f}"
+        return self.number().text()
 
 
 Term = tuple[int, str, At]

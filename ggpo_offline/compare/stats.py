@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from ggpo_offline.compare.blocks import Number, number
+
 ALPHA = 0.05
 """Two-sided level of every interval and, after Holm, of every family of verdicts."""
 POWER = 0.8
@@ -166,9 +168,12 @@ class Interval:
         enough = power_quantile(seeds - 1) * np.sqrt(variance) <= abs(self.mean)
         return float(seeds[np.argmax(enough)]) if enough.any() else math.inf
 
-    def text(self) -> str:
+    def number(self) -> Number:
         """E.g. "+4.10 [+1.02, +7.31]"."""
-        return f"{self.mean:+.2f} [{self.low:+.2f}, {self.high:+.2f}]"
+        return number("{:+.2f} [{:+.2f}, {:+.2f}]", self.mean, self.low, self.high)
+
+    def text(self) -> str:
+        return self.number().text()
 
     def needs(self) -> str:
         """What it would take, in words: "MDE 6.1; 7 seeds" (at this size; seeds for the observed mean),
@@ -250,9 +255,12 @@ class Judged:
     def resolved(self) -> bool:
         return self.verdict == RESOLVED
 
-    def text(self) -> str:
+    def number(self) -> Number:
         """E.g. "+4.10 [+1.02, +7.31] resolved"."""
-        return f"{self.interval.text()} {self.verdict}"
+        return self.interval.number().within("", f" {self.verdict}")
+
+    def text(self) -> str:
+        return self.number().text()
 
 
 def judge(intervals: Sequence[Interval]) -> list[Judged]:

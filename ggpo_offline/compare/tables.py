@@ -5,9 +5,9 @@ import math
 from dataclasses import dataclass, replace
 
 from ggpo_offline.compare import stats
+from ggpo_offline.compare.blocks import Block, Number, Table, number, prose
 from ggpo_offline.compare.counts import BASE, SELECTED, SUITE
 from ggpo_offline.compare.scores import MEAN, At, Cell, Matched, Scores
-from ggpo_offline.core import markdown
 from ggpo_offline.train.learners import learner
 
 MARK = "†"
@@ -44,10 +44,10 @@ class Ranked:
     best: str
     below: dict[str, stats.Judged]
 
-    def mark(self, method: str, text: str) -> str:
+    def mark(self, method: str, score: Number) -> Number:
         if method == self.best:
-            return f"**{text}**"
-        return text if self.below[method].resolved else f"{text} {MARK}"
+            return score.within("**", "**")
+        return score if self.below[method].resolved else score.within("", f" {MARK}")
 
 
 def rank(scores: Scores, methods: list[str], at: At, metric: str = MEAN) -> Ranked:
@@ -86,26 +86,31 @@ def csv_row(table: str, at: At, method: str, metric: str, **fields) -> dict:
     return row | {key: value for key, value in fields.items() if value is not None}
 
 
-def mde_line(scores: Scores, methods: list[str], at: At) -> str:
-    """The range of the pairs' minimum detectable differences at ``at`` (their calibrated errors)."""
+def mde_line(scores: Scores, methods: list[str], at: At) -> list[Block]:
+    """The range of the pairs' minimum detectable differences at ``at`` (their calibrated errors); none
+    without a pair."""
     counts = scores.counts
     n, seeds = counts.n[at.split], len(counts.seeds)
     problems = counts.matrix(methods[0], at.split, at.scope, at.checkpoint).shape[1]
     size = f"{problems} problems × {n} samples × {seeds} seed{'s' if seeds > 1 else ''}"
     if seeds < stats.MIN_SEEDS:
-        return (
-            f"Minimum detectable difference at this size ({size}): not estimable, one seed shows no run"
-            " spread."
-        )
+        return [
+            prose(
+                f"Minimum detectable difference at this size ({size}): not estimable, one seed shows no run"
+                " spread."
+            )
+        ]
     found = [judged.interval.mde for judged in scores.pairs(methods, at).values()]
     if not found:
-        return ""
+        return []
     low, high = min(found), max(found)
     span = f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}–{high:.1f}"
-    return (
-        f"Minimum detectable difference of a pair at this size ({size}; t on {seeds - 1} df, 80 % power,"
-        f" two-sided 5 % for one comparison): {span} points at {place(at)}."
-    )
+    return [
+        prose(
+            f"Minimum detectable difference of a pair at this size ({size}; t on {seeds - 1} df, 80 % power,"
+            f" two-sided 5 % for one comparison): {span} points at {place(at)}."
+        )
+    ]
 
 
 def place(at: At, updates: tuple[int, ...] = ()) -> str:
@@ -123,7 +128,7 @@ def _what(scope: str, split: str) -> str:
     return f"the problem-weighted {split} suite" if scope == SUITE else scope
 
 
-def accuracy_section(scores: Scores, methods: list[str], scope: str) -> tuple[list[str], list[dict]]:
+def accuracy_section(scores: Scores, methods: list[str], scope: str) -> tuple[list[Block], list[dict]]:
     """mean@n on validation at every evaluated update (the paper's Figure 4, left), ranked row by row."""
     counts = scores.counts
     n, seeds = counts.n["validation"], ", ".join(map(str, counts.seeds))
@@ -131,21 +136,19 @@ def accuracy_section(scores: Scores, methods: list[str], scope: str) -> tuple[li
     for update in counts.updates("validation"):
         at = At("validation", scope, update)
         ranked, cells = rank(scores, methods, at), {m: scores.cell(m, at) for m in methods}
-        table_rows.append([update, *(ranked.mark(m, cells[m].text()) for m in methods)])
+        table_rows.append((number("{}", update), *(ranked.mark(m, cells[m].number()) for m in methods)))
         rows += [ranked_row("accuracy", at, m, f"mean@{n}", cells[m], ranked, update) for m in methods]
     final = At("validation", scope, counts.final("validation"))
-    lines = [
-        f"### Validation accuracy: mean@{n} (%) on {_what(scope, 'validation')}, mean ± sample std over"
-        f" seeds {seeds}",
-        "",
-        *markdown.table(["update", *map(display, methods)], table_rows, "r" * (1 + len(methods))),
-        "",
-        MARK_NOTE.format(where="row", pairs=_pairs(methods)),
-        "",
-        mde_line(scores, methods, final),
-        "",
+    blocks = [
+        prose(
+            f"### Validation accuracy: mean@{n} (%) on {_what(scope, 'validation')}, mean ± sample std over"
+            f" seeds {seeds}"
+        ),
+        Table(("update", *map(display, methods)), tuple(table_rows), "r" * (1 + len(methods))),
+        prose(MARK_NOTE.format(where="row", pairs=_pairs(methods))),
+        *mde_line(scores, methods, final),
     ]
-    return lines, rows
+    return blocks, rows
 
 
 def ranked_row(table: str, at: At, method: str, metric: str, cell: Cell, ranked: Ranked, update) -> dict:
@@ -169,7 +172,7 @@ def ends(scores: Scores) -> list[tuple[At, str]]:
     ]
 
 
-def end_section(scores: Scores, methods: list[str], end: At, title: str) -> tuple[list[str], list[dict]]:
+def end_section(scores: Scores, methods: list[str], end: At, title: str) -> tuple[list[Block], list[dict]]:
     """mean@n and pass@k per method at one end-of-run place, each column ranked; the base model and each
     run's gain over it (its seed's update 0) when the base model was evaluated on this split."""
     counts = scores.counts
@@ -184,35 +187,29 @@ def end_section(scores: Scores, methods: list[str], end: At, title: str) -> tupl
         updates = counts.checkpoints(method, at.checkpoint)
         update = " ".join(map(str, updates)) if len(set(updates)) > 1 else str(updates[0])
         cells = {key: scores.cell(method, at, key) for key in keys}
-        texts = [cells[k].text() if method == BASE else ranked[k].mark(method, cells[k].text()) for k in keys]
+        texts = [
+            cells[k].number() if method == BASE else ranked[k].mark(method, cells[k].number()) for k in keys
+        ]
         if base:
             base_values = scores.cell(BASE, base_at).values
             gain = Cell(tuple(a - b for a, b in zip(cells[MEAN].values, base_values, strict=True)))
-            texts.append(gain.text())
+            texts.append(gain.number())
             rows.append(csv_row("end", at, method, f"gain in mean@{n}", cell=gain, update=update))
-        table_rows.append([display(method), update.replace(" ", ", "), *texts])
+        table_rows.append((display(method), update.replace(" ", ", "), *texts))
         for key, header in zip(keys, headers, strict=False):
             if method == BASE:
                 rows.append(csv_row("end", at, method, header, cell=cells[key], update=update))
             else:
                 rows.append(ranked_row("end", at, method, header, cells[key], ranked[key], update))
-    lines = [
-        f"### {title} on {_what(end.scope, end.split)} (%)",
-        "",
-        *markdown.table(["method", "update", *headers], table_rows, "lr" + "r" * len(headers)),
+    blocks = [
+        prose(f"### {title} on {_what(end.scope, end.split)} (%)"),
+        Table(("method", "update", *headers), tuple(table_rows), "lr" + "r" * len(headers)),
     ]
     if not base:
-        lines += ["", f"The base model was not evaluated on {end.split}, so no gain over it is shown."]
-    lines += [
-        "",
-        MARK_NOTE.format(
-            where="column" + (" (the gain ranks as mean@n does)" if base else ""), pairs=_pairs(methods)
-        ),
-        "",
-        mde_line(scores, methods, end),
-        "",
-    ]
-    return lines, rows
+        blocks.append(prose(f"The base model was not evaluated on {end.split}, so no gain over it is shown."))
+    where = "column" + (" (the gain ranks as mean@n does)" if base else "")
+    blocks += [prose(MARK_NOTE.format(where=where, pairs=_pairs(methods))), *mde_line(scores, methods, end)]
+    return blocks, rows
 
 
 def headline(scores: Scores, split: str) -> str:
@@ -234,7 +231,7 @@ def end_places(scores: Scores) -> list[tuple[At, str]]:
     return places
 
 
-def pairwise_section(scores: Scores, methods: list[str]) -> tuple[list[str], list[dict]]:
+def pairwise_section(scores: Scores, methods: list[str]) -> tuple[list[Block], list[dict]]:
     """A − B for every pair (A listed first) at each end place: mean difference, 95 % paired interval,
     Holm-adjusted p over the place's pairs, probability of improvement, verdict and, for a pair not
     resolved, what it would take. Empty with one method."""
@@ -249,27 +246,26 @@ def pairwise_section(scores: Scores, methods: list[str]) -> tuple[list[str], lis
         for (a, b), judged in scores.pairs(methods, at).items():
             interval, chance = judged.interval, scores.improvement(a, b, at)
             needs = "" if judged.resolved else interval.needs()
-            cells = [f"{display(a)} − {display(b)}", interval.text(), f"{judged.p_holm:.3f}", f"{chance:.2f}"]
-            table_rows.append([label, *cells, judged.verdict, needs])
+            cells = (interval.number(), number("{:.3f}", judged.p_holm), number("{:.2f}", chance))
+            table_rows.append((label, f"{display(a)} − {display(b)}", *cells, judged.verdict, needs))
             update = " ".join(map(str, updates[a])) + " − " + " ".join(map(str, updates[b]))
             row = csv_row("pairwise", at, a, metric, versus=b, judged=judged, update=update)
             rows.append(row | {"p_improvement": round(chance, 6)})
     header = ["at", "A − B", "difference [95 % CI]", "p (Holm)", "P(A > B)", "verdict", "what it would take"]
-    lines = [
-        "### Pairwise differences in mean@n (points), paired by seed and problem",
-        "",
-        *markdown.table(header, table_rows, "llrrrll"),
-        "",
-        f"Difference: the mean of A − B over seeds and problems; 95 % CI: t on seeds − 1 degrees of freedom"
-        f" (`compare/stats.py`); p (Holm): the two-sided p-value adjusted within the family of the {size}"
-        " pairs at the same place; resolved: that p is below 0.05; P(A > B): the probability that A scores"
-        " higher than B on a random problem for a random pair of seeds, ties counted half. What it would"
-        " take: the minimum detectable difference (MDE, 80 % power, two-sided 5 %, one comparison) at these"
-        " seeds, and the seeds that would resolve the observed difference with 80 % power at the same"
-        " problems and samples, projected from the estimated variance components.",
-        "",
+    blocks = [
+        prose("### Pairwise differences in mean@n (points), paired by seed and problem"),
+        Table(tuple(header), tuple(table_rows), "llrrrll"),
+        prose(
+            "Difference: the mean of A − B over seeds and problems; 95 % CI: t on seeds − 1 degrees of"
+            " freedom (`compare/stats.py`); p (Holm): the two-sided p-value adjusted within the family of"
+            f" the {size} pairs at the same place; resolved: that p is below 0.05; P(A > B): the probability"
+            " that A scores higher than B on a random problem for a random pair of seeds, ties counted half."
+            " What it would take: the minimum detectable difference (MDE, 80 % power, two-sided 5 %, one"
+            " comparison) at these seeds, and the seeds that would resolve the observed difference with 80 %"
+            " power at the same problems and samples, projected from the estimated variance components."
+        ),
     ]
-    return lines, rows
+    return blocks, rows
 
 
 def validation_declines(
@@ -285,7 +281,7 @@ def validation_declines(
     return peaks, stats.judge(declines)
 
 
-def table5_section(scores: Scores, methods: list[str], scope: str) -> tuple[list[str], list[dict]]:
+def table5_section(scores: Scores, methods: list[str], scope: str) -> tuple[list[Block], list[dict]]:
     """The paper's offline table: per method, validation mean@n at each evaluated update, then the peak,
     its update, the final value and the decline (peak − final) with its paired interval."""
     counts = scores.counts
@@ -294,23 +290,23 @@ def table5_section(scores: Scores, methods: list[str], scope: str) -> tuple[list
     table_rows, rows = [], []
     for method, decline in zip(methods, declines, strict=True):
         peak = peaks[method]
-        cells = [scores.cell(method, At("validation", scope, u)).text() for u in updates]
-        peak_cell = scores.cell(method, At("validation", scope, peak)).text()
-        final_cell = scores.cell(method, At("validation", scope, final)).text()
-        table_rows.append([display(method), *cells, peak_cell, peak, final_cell, decline.interval.text()])
+        cells = [scores.cell(method, At("validation", scope, u)).number() for u in updates]
+        peak_cell = scores.cell(method, At("validation", scope, peak)).number()
+        final_cell = scores.cell(method, At("validation", scope, final)).number()
+        ends = (peak_cell, number("{}", peak), final_cell, decline.interval.number())
+        table_rows.append((display(method), *cells, *ends))
         row = csv_row("decline", At("validation", scope, "peak − final"), method, f"mean@{n}", judged=decline)
         rows.append(row | {"update": f"{peak} − {final}", "versus": method})
-    header = ["method", *updates, "peak", "at update", "final", "decline [95 % CI]"]
-    lines = [
-        f"### The paper's Table 5 layout: validation mean@{n} (%) on {_what(scope, 'validation')}",
-        "",
-        *markdown.table(header, table_rows, "l" + "r" * (len(updates) + 4)),
-        "",
-        f"Peak: the highest seed-mean over the {len(updates)} evaluations (the earliest among equals);"
-        " decline: peak − final, paired by seed and problem. A maximum over evaluations is biased upward,"
-        " and so is this decline; the test decline in the claims below (selected − final checkpoint, the"
-        f" selection made on validation) is not. table.csv judges the {len(methods)} declines as one family"
-        " (Holm).",
-        "",
+    header = ("method", *map(str, updates), "peak", "at update", "final", "decline [95 % CI]")
+    blocks = [
+        prose(f"### The paper's Table 5 layout: validation mean@{n} (%) on {_what(scope, 'validation')}"),
+        Table(header, tuple(table_rows), "l" + "r" * (len(updates) + 4)),
+        prose(
+            f"Peak: the highest seed-mean over the {len(updates)} evaluations (the earliest among equals);"
+            " decline: peak − final, paired by seed and problem. A maximum over evaluations is biased"
+            " upward, and so is this decline; the test decline in the claims below (selected − final"
+            f" checkpoint, the selection made on validation) is not. table.csv judges the {len(methods)}"
+            " declines as one family (Holm)."
+        ),
     ]
-    return lines, rows
+    return blocks, rows

@@ -9,12 +9,12 @@ import numpy as np
 
 from ggpo_offline.compare import render, stats
 from ggpo_offline.compare.arc import part_records
+from ggpo_offline.compare.blocks import Block, Cell, Number, Section, Table, number, prose
 from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.finished_runs import points, selected, validation_counts
-from ggpo_offline.compare.render import ReportData, Section, tuning_scores, written_line
+from ggpo_offline.compare.render import ReportData, tuning_scores, written_line
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
 from ggpo_offline.compare.tables import display, rate_text
-from ggpo_offline.core import markdown
 from ggpo_offline.core.errors import UserError, read_versioned
 from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS
@@ -40,7 +40,7 @@ def tune_report(config: TuneConfig) -> Path:
         _settings_line(RunSettings(sweep.settings), sweep.seeds),
     )
     title = "# Each learner's learning rate, chosen on validation"
-    data = ReportData("tuning", (Section("heading", title, heading),))
+    data = ReportData("tuning", (Section("heading", title, (prose(*heading),)),))
     render.write_readme(out, data, tuning_scores(tuning_tables(sweep)))
     return out
 
@@ -152,8 +152,8 @@ def chosen_rates(sweep: Sweep) -> dict[str, float]:
     return chosen
 
 
-def tuning_tables(sweep: Sweep) -> str:
-    """Markdown: each learner's selected validation mean@n per rate, the chosen rate and its paired
+def tuning_tables(sweep: Sweep) -> list[Block]:
+    """Each learner's selected validation mean@n per rate, the chosen rate and its paired
     difference to the runner-up (one Holm family over the learners); then every evaluation, mean over
     seeds."""
     n, runs, seeds = sweep.n, sweep.runs, sweep.seeds
@@ -168,28 +168,29 @@ def tuning_tables(sweep: Sweep) -> str:
                 cells.append("–")
                 continue
             updates = "/".join(str(selected(evaluations, n)[0]) for evaluations in by_lr[lr].values())
-            cell = f"{rate_mean(by_lr[lr], n):.2f} ({updates})"
-            cells.append(f"**{cell}**" if lr == chosen[method] else cell)
+            cell = number("{:.2f} ({})", rate_mean(by_lr[lr], n), updates)
+            cells.append(cell.within("**", "**") if lr == chosen[method] else cell)
         edge = " (grid edge)" if chosen[method] in (lrs[0], lrs[-1]) and len(lrs) > 2 else ""
-        table_rows.append([display(method), *cells, f"{chosen[method]}{edge}", margins.get(method, "–")])
-    header = ["learner", *(f"lr {lr}" for lr in lrs), "chosen", "chosen − runner-up [95 %]"]
-    lines = [
-        f"### Validation mean@{n} (%) at each run's selected checkpoint, mean over seeds"
-        f" {', '.join(map(str, seeds))} (selected update per seed)",
-        "",
-        *markdown.table(header, table_rows, "l" + "r" * (len(lrs) + 1) + "l"),
-        "",
-        "The chosen rate is the one whose runs reach the highest validation mean@n at their selected"
-        " checkpoints, averaged over seeds (the smaller rate among equals). The difference to the runner-up"
-        " rate is paired by seed and problem at each run's selected checkpoint, calibrated for the seeds"
-        " (`compare/stats.py`) and Holm-adjusted over the learners' differences as one family. **resolved**:"
-        " the chosen rate beats the runner-up on validation; **not resolved**: these seeds cannot tell the"
-        " two rates apart, and the choice is only the higher mean; **too few seeds**: one seed, an interval"
-        " over problems that describes those two runs. The same runs choose the rate and measure its margin,"
-        " so the margin leans optimistic. (grid edge): the best rate is the grid's largest or smallest.",
-        "",
-        f"### Every validation evaluation: mean@{n} (%) by update, mean over seeds",
-        "",
+        table_rows.append((display(method), *cells, f"{chosen[method]}{edge}", margins.get(method, "–")))
+    header = ("learner", *(f"lr {lr}" for lr in lrs), "chosen", "chosen − runner-up [95 %]")
+    blocks = [
+        prose(
+            f"### Validation mean@{n} (%) at each run's selected checkpoint, mean over seeds"
+            f" {', '.join(map(str, seeds))} (selected update per seed)"
+        ),
+        Table(header, tuple(table_rows), "l" + "r" * (len(lrs) + 1) + "l"),
+        prose(
+            "The chosen rate is the one whose runs reach the highest validation mean@n at their selected"
+            " checkpoints, averaged over seeds (the smaller rate among equals). The difference to the"
+            " runner-up rate is paired by seed and problem at each run's selected checkpoint, calibrated for"
+            " the seeds (`compare/stats.py`) and Holm-adjusted over the learners' differences as one family."
+            " **resolved**: the chosen rate beats the runner-up on validation; **not resolved**: these seeds"
+            " cannot tell the two rates apart, and the choice is only the higher mean; **too few seeds**: one"
+            " seed, an interval over problems that describes those two runs. The same runs choose the rate"
+            " and measure its margin, so the margin leans optimistic. (grid edge): the best rate is the"
+            " grid's largest or smallest."
+        ),
+        prose(f"### Every validation evaluation: mean@{n} (%) by update, mean over seeds"),
     ]
     updates = sorted(
         {
@@ -204,18 +205,18 @@ def tuning_tables(sweep: Sweep) -> str:
     for method, by_lr in runs.items():
         for lr, by_seed in by_lr.items():
             means = [_update_mean(by_seed, str(u), n) for u in updates]
-            table_rows.append([display(method), lr, *means])
-    lines += markdown.table(["learner", "lr", *updates], table_rows, "lr" + "r" * len(updates))
-    return "\n".join(lines + [""])
+            table_rows.append((display(method), lr, *means))
+    header = ("learner", "lr", *map(str, updates))
+    return [*blocks, Table(header, tuple(table_rows), "lr" + "r" * len(updates))]
 
 
-def _update_mean(by_seed: dict[str, dict], update: str, n: int) -> str:
+def _update_mean(by_seed: dict[str, dict], update: str, n: int) -> Cell:
     if any(update not in evaluations for evaluations in by_seed.values()):
         return "–"
-    return f"{np.mean([points(evaluations[update], n).mean() for evaluations in by_seed.values()]):.2f}"
+    return number("{:.2f}", float(np.mean([points(ev[update], n).mean() for ev in by_seed.values()])))
 
 
-def _margins(runs: dict[str, dict], chosen: dict[str, str], n: int) -> dict[str, str]:
+def _margins(runs: dict[str, dict], chosen: dict[str, str], n: int) -> dict[str, Number]:
     """Each learner's chosen rate minus its runner-up (the next-highest mean), with its interval and its
     verdict in the family of every learner's margin."""
     pairs = {}
@@ -227,6 +228,6 @@ def _margins(runs: dict[str, dict], chosen: dict[str, str], n: int) -> dict[str,
             pairs[method] = (runner_up, stats.difference(best, other, n))
     judged = stats.judge([interval for _, interval in pairs.values()])
     return {
-        method: f"− {runner_up}: {verdict.text()}"
+        method: verdict.number().within(f"− {runner_up}: ")
         for (method, (runner_up, _)), verdict in zip(pairs.items(), judged, strict=True)
     }

@@ -3,9 +3,9 @@
 import statistics
 
 from ggpo_offline.compare import stats
+from ggpo_offline.compare.blocks import Block, Table, number, prose
 from ggpo_offline.compare.scores import Scores
 from ggpo_offline.compare.tables import end_places
-from ggpo_offline.core import markdown
 
 COLUMNS = (
     "at", "seeds (runs)", "problems", "run × problem", "sampling", "± now", "± 2× seeds", "± 2× problems",
@@ -13,22 +13,23 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def variance_section(scores: Scores, methods: list[str]) -> tuple[list[str], list[dict]]:
+def variance_section(scores: Scores, methods: list[str]) -> tuple[list[Block], list[dict]]:
     """Per end place, over every pair of methods: each variance component's mean share of var(A − B) —
     training runs (seeds), problems, run × problem interaction, sampling — then the median 95 % half-width
     now and with twice the seeds, problems or samples. Empty with one method."""
     if len(methods) < 2:
         return [], []
     seeds = len(scores.counts.seeds)
-    lines = [
-        "### Where the variance of a difference comes from",
-        "",
-        "Each A − B (every pair of methods) splits into a training-run part (a run better or worse on every"
-        " problem: σ²_seed / S), a problem part (σ²_problem / P), the run × problem interaction and the"
-        " binomial sampling of n samples (each / (S·P)); the shares are their means over the pairs. ±: the"
-        " median over the pairs of the 95 % interval's half-width (t on seeds − 1 df times the standard"
-        " error from the same components), now and with twice the seeds, problems or samples per problem.",
-        "",
+    blocks = [
+        prose("### Where the variance of a difference comes from"),
+        prose(
+            "Each A − B (every pair of methods) splits into a training-run part (a run better or worse on"
+            " every problem: σ²_seed / S), a problem part (σ²_problem / P), the run × problem interaction and"
+            " the binomial sampling of n samples (each / (S·P)); the shares are their means over the pairs."
+            " ±: the median over the pairs of the 95 % interval's half-width (t on seeds − 1 df times the"
+            " standard error from the same components), now and with twice the seeds, problems or samples per"
+            " problem."
+        ),
     ]
     gains, table_rows = {}, []
     for at, label in end_places(scores):
@@ -43,12 +44,13 @@ def variance_section(scores: Scores, methods: list[str]) -> tuple[list[str], lis
             "samples": _median_half_width(found, seeds, problems, samples_scale=2.0),
         }
         gains[label] = errors
-        cells = ["–" if seeds < stats.MIN_SEEDS else f"{100 * mean_share[0]:.0f} %"]
-        cells += [f"{100 * share:.0f} %" for share in mean_share[1:]]
-        cells += ["–" if e is None else f"{e:.2f}" for e in errors.values()]
-        table_rows.append([label, *cells])
-    lines += [*markdown.table(COLUMNS, table_rows, "l" + "r" * 8), "", _remedy(gains, seeds), ""]
-    return lines, []
+        cells = ["–" if seeds < stats.MIN_SEEDS else number("{:.0f} %", 100 * mean_share[0])]
+        cells += [number("{:.0f} %", 100 * share) for share in mean_share[1:]]
+        cells += ["–" if e is None else number("{:.2f}", e) for e in errors.values()]
+        table_rows.append((label, *cells))
+    remedy = _remedy(gains, seeds)
+    blocks += [Table(COLUMNS, tuple(table_rows), "l" + "r" * 8), *([prose(remedy)] if remedy else [])]
+    return blocks, []
 
 
 def _shares(parts: stats.Components, seeds: int, problems: int) -> tuple[float, float, float, float]:
