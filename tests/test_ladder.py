@@ -1,15 +1,18 @@
 """`ggpo ladder-report`: each rung's runs against the offline runs of the same seed and problems, GGPO's two
 claims at each N, the fall after the peak, the rounds' mismatch; on counts whose answers are known."""
 
-import json
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from conftest import REPO
 from test_cli import assert_one_error_line, ggpo_here
 
+from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.counts import Counts
+from ggpo_offline.compare.ladder import Ladder
 from ggpo_offline.compare.report import write_diagnostics
+from ggpo_offline.compare.rerender import rerender_report
 from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_K3
 from ggpo_offline.train.run_records import RunSettings
 
@@ -83,22 +86,21 @@ def test_the_ladder_pairs_each_rung_with_the_offline_runs_of_its_seeds(tmp_path)
         str(tmp_path / "out"),
     )
     assert result.returncode == 0, result.stderr
-    data = json.loads((tmp_path / "out" / "ladder.json").read_text())
-    against = data["against_offline"]["N = 4"]
+    ladder = Ladder.read(tmp_path / "out")
+    against = ladder.against_offline["N = 4"]
     # GGPO at N = 4 has 6 of 12 problems at 2/2 where offline it had the base grid: its mean rises by the base
     # grid's shortfall on them; GRPO is the same runs on both sides: exactly +0.00.
     base = _counts({"grpo": 0, "ggpo": 0}, falls=False)
     offline_ggpo = base.matrix("ggpo", "test", "arith", 10)
     expected = (2 - offline_ggpo[:, :6]).sum() / offline_ggpo.size * 100 / 2
-    assert abs(against["ggpo"]["rung"] - against["ggpo"]["offline"] - expected) < 1e-9
-    assert against["ggpo"]["difference"].startswith(f"{expected:+.2f}")
-    assert against["grpo"]["difference"] == "+0.00 [+0.00, +0.00] not resolved"
-    assert data["claim_above"]["N = 4"]["grpo"].startswith(f"{expected:+.2f}")
-    assert data["claim_above"]["offline"]["grpo"].startswith("+0.00")
+    assert abs(against["ggpo"].rung - against["ggpo"].offline - expected) < 1e-9
+    assert against["ggpo"].difference.mean == pytest.approx(expected)
+    assert against["grpo"].difference.number().text() == "+0.00 [+0.00, +0.00] not resolved"
+    assert ladder.claim_above["N = 4"]["grpo"].mean == pytest.approx(expected)
+    assert ladder.claim_above["offline"]["grpo"].mean == 0.0
     # Offline every run falls after its peak; at N = 4 none does.
-    assert data["falls"]["N = 4"]["ggpo"]["fall"].startswith("+0.00")
-    assert not data["falls"]["offline"]["ggpo"]["fall"].startswith("+0.00")
-    rounds = data["rounds"]["N = 4"]["ggpo"]
+    assert ladder.falls["N = 4"]["ggpo"].fall.mean == 0.0 and ladder.falls["offline"]["ggpo"].fall.mean > 0
+    rounds = ladder.rounds["N = 4"]["ggpo"]
     assert (
         rounds[ROUND_K3] == 0.5 and rounds[f"{MISMATCH_K3}@3"] == 0.03 and rounds[f"{MISMATCH_K3}@0"] == 0.0
     )
@@ -129,23 +131,31 @@ def test_a_rung_that_trained_fewer_methods_is_reported_beside_the_others(tmp_pat
     out = tmp_path / "out"
     result = ggpo_here("ladder-report", "--offline", str(offline), "--rungs", rungs, "--out", str(out))
     assert result.returncode == 0, result.stderr
-    data = json.loads((out / "ladder.json").read_text())
-    assert sorted(data["against_offline"]["N = 1"]) == ["ggpo", "grpo"] == sorted(data["rounds"]["N = 1"])
-    assert sorted(data["claim_above"]["N = 1"]) == ["grpo"] and sorted(data["claim_above"]["N = 4"]) == [
+    ladder = Ladder.read(out)
+    assert sorted(ladder.against_offline["N = 1"]) == ["ggpo", "grpo"] == sorted(ladder.rounds["N = 1"])
+    assert sorted(ladder.claim_above["N = 1"]) == ["grpo"] and sorted(ladder.claim_above["N = 4"]) == [
         "agro",
         "grpo",
     ]
     # Each method has the same counts at N = 1 and 4: flat, exactly; from N = 4 to offline GGPO loses what
     # N = 4 gained over it.
     flat = "+0.00 [+0.00, +0.00] not resolved"
-    assert data["steps"]["N = 1 → N = 4"] == {"grpo": flat, "ggpo": flat}
-    ggpo = data["against_offline"]["N = 4"]["ggpo"]
-    assert data["steps"]["N = 4 → offline"]["ggpo"].startswith(f"{ggpo['offline'] - ggpo['rung']:+.2f} [")
-    assert sorted(data["steps"]["N = 4 → offline"]) == ["agro", "ggpo", "grpo"]
+    assert {m: v.number().text() for m, v in ladder.steps["N = 1 → N = 4"].items()} == {
+        "grpo": flat,
+        "ggpo": flat,
+    }
+    ggpo = ladder.against_offline["N = 4"]["ggpo"]
+    assert ladder.steps["N = 4 → offline"]["ggpo"].mean == pytest.approx(ggpo.offline - ggpo.rung)
+    assert sorted(ladder.steps["N = 4 → offline"]) == ["agro", "ggpo", "grpo"]
     readme = (out / "README.md").read_text()
     assert "| N = 1 | GGPO | 0.5 | " in readme and " | 0 | — | — | — |" in readme  # no update is 1-3 stale
-    agro = data["against_offline"]["N = 4"]["agro"]
-    assert f"| AGRO | {agro['offline']:.2f} | — | {agro['rung']:.2f} ({agro['difference']}) |" in readme
+    agro = ladder.against_offline["N = 4"]["agro"]
+    shown = f"{agro.rung:.2f} ({agro.difference.number().text()})"
+    assert f"| AGRO | {agro.offline:.2f} | — | {shown} |" in readme
+    # The README is rendered from the data: ggpo report writes it again from ladder.json and report.json.
+    (out / "README.md").write_text("# edited\n")
+    rerender_report(RefreshConfig(folder=out))
+    assert (out / "README.md").read_text() == readme
 
 
 def test_a_rung_not_trained_with_sync_every_is_one_line(tmp_path):
@@ -170,5 +180,5 @@ def test_the_committed_ladder_is_written_again_from_the_committed_compares_alone
     rungs = "docs/ladder/tiny-sync1,docs/ladder/tiny-sync4"
     result = ggpo_here("ladder-report", "--offline", "docs/demo", "--rungs", rungs, "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    for name in ("README.md", "ladder.json"):
+    for name in ("README.md", "ladder.json", "report.json"):
         assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name

@@ -2,15 +2,17 @@
 condition, with the condition's measured mismatch and lag and each method's ESS and masked share; on counts
 and diagnostics whose answers are known."""
 
-import json
 from types import SimpleNamespace
 
 import pytest
 from test_cli import assert_one_error_line, ggpo_here
 from test_ladder import SEEDS, _counts
 
+from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.counts import Counts
+from ggpo_offline.compare.regimes import Regimes
 from ggpo_offline.compare.report import write_diagnostics
+from ggpo_offline.compare.rerender import rerender_report
 from ggpo_offline.compare.tables import display
 from ggpo_offline.train.metric_names import AGE, MISMATCH_ESS, MISMATCH_K3
 from ggpo_offline.train.run_records import RunSettings
@@ -57,32 +59,36 @@ def test_each_condition_sets_every_correction_against_none_with_its_measured_dos
     given = f"control={conditions / 'control'},τ 1.4={conditions / 'dose'}"
     result = ggpo_here("regimes-report", "--conditions", given, "--out", str(out))
     assert result.returncode == 0, result.stderr
-    data = json.loads((out / "regimes.json").read_text())
-    assert data["seeds"] == list(SEEDS) and data["baseline"] == "grpo"
-    control, dose = data["conditions"]["control"], data["conditions"]["τ 1.4"]
+    regimes = Regimes.read(out)
+    assert regimes.seeds == list(SEEDS) and regimes.baseline == "grpo"
+    control, dose = regimes.conditions["control"], regimes.conditions["τ 1.4"]
 
     # Under the dose the correction has every problem at 2/2 where GRPO has the base grid, in every seed.
     base = _counts({"grpo": 0}, falls=False).matrix("grpo", "test", "arith", 10)
     expected = (2 - base).sum() / base.size * 100 / 2
-    found = dose["against_baseline"]["methods"][CORRECTION]
-    assert found["difference"].startswith(f"{expected:+.2f}") and found["difference"].endswith("] resolved")
-    assert found["better"] and abs(found["mean"] - dose["against_baseline"]["baseline"] - expected) < 1e-9
-    nothing = control["against_baseline"]["methods"][CORRECTION]
-    assert nothing["difference"] == "+0.00 [+0.00, +0.00] not resolved" and not nothing["better"]
-    assert "grpo" not in dose["against_baseline"]["methods"]  # the baseline is not set against itself
+    found = dose.against_baseline[CORRECTION]
+    assert found.difference.mean == pytest.approx(expected) and found.difference.verdict == "resolved"
+    assert found.better and abs(found.mean - dose.baseline_mean - expected) < 1e-9
+    nothing = control.against_baseline[CORRECTION]
+    assert nothing.difference.number().text() == "+0.00 [+0.00, +0.00] not resolved" and not nothing.better
+    assert "grpo" not in dose.against_baseline  # the baseline is not set against itself
 
     # The condition as its runs measured it: the dose at update 0, the mean age over every update.
-    assert dose["measured"]["sampler/abs_log_ratio"] == 0.03 and control["measured"]["sampler/k3"] == 0.0
-    assert dose["measured"]["age_mean"] == 2.5 and dose["measured"]["age_max"] == 3.0
+    assert dose.measured["sampler/abs_log_ratio"] == 0.03 and control.measured["sampler/k3"] == 0.0
+    assert dose.measured["age_mean"] == 2.5 and dose.measured["age_max"] == 3.0
     # The K3 the baseline trained on, its runs' alone: the dose's mismatch grown with the samples' age.
-    assert dose["measured"]["trained_k3"] == pytest.approx(0.03 * 2.5)
-    assert dose["diagnostics"][CORRECTION]["masked"] == pytest.approx(0.03 * sum(SEEDS) / len(SEEDS))
-    assert dose["diagnostics"]["grpo"] == {"ess": pytest.approx(1 - 0.03 * 2.5)}  # masks nothing
+    assert dose.measured["trained_k3"] == pytest.approx(0.03 * 2.5)
+    assert dose.diagnostics[CORRECTION]["masked"] == pytest.approx(0.03 * sum(SEEDS) / len(SEEDS))
+    assert dose.diagnostics["grpo"] == {"ess": pytest.approx(1 - 0.03 * 2.5)}  # masks nothing
 
     readme = (out / "README.md").read_text()
     assert f"- τ 1.4: {display(CORRECTION)} ({expected:+.2f}) resolved above GRPO\n" in readme
     assert "- control: none resolved above GRPO\n" in readme
     assert "one Holm family per condition" in readme
+    # The README is rendered from the data: ggpo report writes it again from regimes.json and report.json.
+    (out / "README.md").write_text("# edited\n")
+    rerender_report(RefreshConfig(folder=out))
+    assert (out / "README.md").read_text() == readme
 
 
 def test_refusals_are_one_line(conditions):

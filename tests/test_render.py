@@ -39,6 +39,9 @@ COMMITTED = (
     "ladder/tiny-sync1",
     "ladder/tiny-sync4",
     "ladder/arc-sync4",
+    "ladder/tiny",
+    "ladder/arc",
+    "regimes",
     *(f"regimes/{c}" for c in ("offline", "tau1.2", "tau1.4", "lag0", "lag1", "lag4-mixed", "tau1.2-lag2")),
 )
 """Every report folder under docs/ (`make demo`, beyond, corrections, arc, tune-lr, tune-corrections, ladder,

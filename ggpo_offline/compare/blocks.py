@@ -21,6 +21,11 @@ class Number:
         """The same numbers written between ``before`` and ``after`` (bold, a mark)."""
         return Number(_literal(before) + self.format + _literal(after), self.values)
 
+    def then(self, other: "Number", between: str, after: str = "") -> "Number":
+        """This number, ``between``, ``other`` and ``after`` as one cell: "52.50 (+1.20 [...] resolved)"."""
+        format = self.format + _literal(between) + other.format + _literal(after)
+        return Number(format, (*self.values, *other.values))
+
 
 def _literal(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")

@@ -4,22 +4,27 @@ offline self, the paper's two claims at each N, the fall after the peak, and the
 the compares' committed files alone (counts.json and diagnostics.csv), not their runs."""
 
 import itertools
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from ggpo_offline.compare import stats
+from ggpo_offline.compare import render, stats
+from ggpo_offline.compare.blocks import Section, Table, number, prose
 from ggpo_offline.compare.config import LadderConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, SELECTED, Counts
+from ggpo_offline.compare.render import ReportData
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, SYNC_EVERY
+from ggpo_offline.compare.stats import Verdict
 from ggpo_offline.compare.tables import display
-from ggpo_offline.core import markdown
-from ggpo_offline.core.errors import UserError, replace_text, write_json
+from ggpo_offline.core.errors import UserError, read_versioned, write_json
 from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_METRICS, UPDATE
 
-README = "README.md"
 LADDER_FILE = "ladder.json"
+LADDER_FORMAT = "ggpo-offline ladder 2"
+OFFLINE = "offline"
 CLAIMED = "ggpo"
 """The learner whose two claims the ladder tests (paper: above GRPO/AGRO at small N, flat as N grows)."""
 
@@ -61,29 +66,97 @@ class Rung:
 
     @property
     def name(self) -> str:
-        return "offline" if self.sync_every is None else f"N = {self.sync_every}"
+        return OFFLINE if self.sync_every is None else f"N = {self.sync_every}"
+
+
+@dataclass(frozen=True)
+class BesideOffline:
+    """A method's test mean@n (points) at a rung and offline, and their paired difference."""
+
+    rung: float
+    offline: float
+    difference: Verdict
+
+
+@dataclass(frozen=True)
+class Fall:
+    """A method's validation peak and final mean@n (points) at one N, and the fall peak − final."""
+
+    peak: float
+    final: float
+    fall: Verdict
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """ladder.json: every number of the ladder, from which its README's tables are rendered alone."""
+
+    seeds: list[int]
+    methods: list[str]
+    """The offline compare's methods, in its order."""
+    rungs: list[str]
+    """Each rung's name ("N = 4"), as given."""
+    against_offline: dict[str, dict[str, BesideOffline]]
+    """rung -> method -> the method at that N against its offline self; each rung one Holm family."""
+    claim_above: dict[str, dict[str, Verdict]]
+    """N -> other method -> GGPO − it; each N one family."""
+    steps: dict[str, dict[str, Verdict]]
+    """"N = 1 → N = 4" -> method -> larger N − smaller; each step one family."""
+    falls: dict[str, dict[str, Fall]]
+    """N -> method -> its fall after the peak; each N one family."""
+    rounds: dict[str, dict[str, dict[str, float]]]
+    """rung -> method -> the rounds' diagnostics and K3 by the update's place in its round."""
+
+    def write(self, folder: Path) -> None:
+        write_json({"format": LADDER_FORMAT, **asdict(self)}, folder / LADDER_FILE)
+
+    @classmethod
+    def read(cls, folder: Path) -> "Ladder":
+        """The folder's ladder.json; UserError in one line where it has none or another format."""
+        missing = f"{folder}: no {LADDER_FILE}, the numbers its report.json's tables come from"
+        data = read_versioned(folder / LADDER_FILE, (LADDER_FORMAT,), missing)
+        return cls(
+            data["seeds"],
+            data["methods"],
+            data["rungs"],
+            _by_method(
+                data["against_offline"],
+                lambda v: BesideOffline(**v | {"difference": Verdict(**v["difference"])}),
+            ),
+            _by_method(data["claim_above"], lambda v: Verdict(**v)),
+            _by_method(data["steps"], lambda v: Verdict(**v)),
+            _by_method(data["falls"], lambda v: Fall(**v | {"fall": Verdict(**v["fall"])})),
+            data["rounds"],
+        )
+
+
+def _by_method(found: dict[str, dict], make: Callable[[dict], object]) -> dict[str, dict]:
+    """A ladder.json table (place -> method -> value) with each value made a record."""
+    return {place: {method: make(value) for method, value in by.items()} for place, by in found.items()}
 
 
 def ladder_report(config: LadderConfig) -> Path:
-    """Write the ladder's README.md and ladder.json (every number in it) into ``config.out``."""
+    """Write the ladder's ladder.json (every number), report.json (what it read) and README.md into
+    ``config.out``."""
     offline = Rung(config.offline, synchronised=False)
     rungs = [Rung(folder, synchronised=True) for folder in config.rungs]
     seeds = [s for s in rungs[0].counts.seeds if all(s in r.counts.seeds for r in [offline, *rungs])]
     if not seeds:
         raise UserError("the offline compare and the rungs share no seed")
-    data = {
-        "seeds": seeds,
-        "rungs": [r.name for r in rungs],
-        "against_offline": _against_offline(offline, rungs, seeds),
-        "claim_above": _claim_above([offline, *rungs], seeds),
-        "steps": _steps(rungs, offline, seeds),
-        "falls": _falls([offline, *rungs], seeds),
-        "rounds": {r.name: _round_means(r) for r in rungs},
-    }
+    ladder = Ladder(
+        seeds=seeds,
+        methods=list(offline.counts.methods),
+        rungs=[r.name for r in rungs],
+        against_offline=_against_offline(offline, rungs, seeds),
+        claim_above=_claim_above([offline, *rungs], seeds),
+        steps=_steps(rungs, offline, seeds),
+        falls=_falls([offline, *rungs], seeds),
+        rounds={r.name: _round_means(r) for r in rungs},
+    )
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(data, out / LADDER_FILE)
-    replace_text(out / README, _readme(config, offline, rungs, data))
+    ladder.write(out)
+    render.write_readme(out, ReportData("ladder", (_heading(config, rungs, seeds),)), ladder_sections(ladder))
     return out
 
 
@@ -105,7 +178,9 @@ def points(matrix: np.ndarray, n: int) -> float:
     return float(matrix.mean() * 100.0 / n)
 
 
-def _against_offline(offline: Rung, rungs: list[Rung], seeds: list[int]) -> dict:
+def _against_offline(
+    offline: Rung, rungs: list[Rung], seeds: list[int]
+) -> dict[str, dict[str, BesideOffline]]:
     """Per rung, each method's test mean@n at the selected checkpoint and its difference from the offline
     run of the same seed (paired by seed and problem); each rung's methods are one Holm family."""
     n = offline.counts.n["test"]
@@ -121,13 +196,13 @@ def _against_offline(offline: Rung, rungs: list[Rung], seeds: list[int]) -> dict
         ]
         judged = stats.judge([stats.difference(a, b, n) for a, b in pairs])
         found[rung.name] = {
-            m: {"rung": points(a, n), "offline": points(b, n), "difference": j.text()}
+            m: BesideOffline(points(a, n), points(b, n), j.kept())
             for m, (a, b), j in zip(methods, pairs, judged, strict=True)
         }
     return found
 
 
-def _claim_above(rungs: list[Rung], seeds: list[int]) -> dict:
+def _claim_above(rungs: list[Rung], seeds: list[int]) -> dict[str, dict[str, Verdict]]:
     """At each N, GGPO − each other method on test at the selected checkpoints; each N is one family."""
     found = {}
     for rung in rungs:
@@ -139,11 +214,11 @@ def _claim_above(rungs: list[Rung], seeds: list[int]) -> dict:
         intervals = [
             stats.difference(claimed, seed_matrix(counts, m, "test", SELECTED, seeds), n) for m in others
         ]
-        found[rung.name] = {m: j.text() for m, j in zip(others, stats.judge(intervals), strict=True)}
+        found[rung.name] = {m: j.kept() for m, j in zip(others, stats.judge(intervals), strict=True)}
     return found
 
 
-def _steps(rungs: list[Rung], offline: Rung, seeds: list[int]) -> dict:
+def _steps(rungs: list[Rung], offline: Rung, seeds: list[int]) -> dict[str, dict[str, Verdict]]:
     """Each method from one N to the next larger (offline last: N = U) on test at the selected checkpoint,
     larger − smaller, paired by seed and problem: is it flat as N grows (the paper's second claim)? Each
     step's methods are one family."""
@@ -161,11 +236,11 @@ def _steps(rungs: list[Rung], offline: Rung, seeds: list[int]) -> dict:
             for m in methods
         ]
         judged = stats.judge(intervals)
-        found[f"{smaller.name} → {larger.name}"] = {m: j.text() for m, j in zip(methods, judged, strict=True)}
+        found[f"{smaller.name} → {larger.name}"] = {m: j.kept() for m, j in zip(methods, judged, strict=True)}
     return found
 
 
-def _falls(rungs: list[Rung], seeds: list[int]) -> dict:
+def _falls(rungs: list[Rung], seeds: list[int]) -> dict[str, dict[str, Fall]]:
     """Validation peak (the selected checkpoint) and final mean@n, and the fall peak − final paired within
     each run: does the method still collapse at this N? Each N's methods are one family."""
     found = {}
@@ -176,7 +251,7 @@ def _falls(rungs: list[Rung], seeds: list[int]) -> dict:
         finals = [seed_matrix(counts, m, "validation", final, seeds) for m in counts.methods]
         judged = stats.judge([stats.difference(p, f, n) for p, f in zip(peaks, finals, strict=True)])
         found[rung.name] = {
-            m: {"peak": points(p, n), "final": points(f, n), "fall": j.text()}
+            m: Fall(points(p, n), points(f, n), j.kept())
             for m, p, f, j in zip(counts.methods, peaks, finals, judged, strict=True)
         }
     return found
@@ -201,103 +276,93 @@ def _round_means(rung: Rung) -> dict:
     return {method: means for method, means in found.items() if means}
 
 
-def _readme(config: LadderConfig, offline: Rung, rungs: list[Rung], data: dict) -> str:
-    seeds = ", ".join(map(str, data["seeds"]))
-    intro = [
-        "# The staleness ladder",
-        "",
-        f"Offline compare: `{config.offline}` (every update replays the pool π0 sampled: N = U). Rungs: "
-        + ", ".join(f"`{r.folder}` ({r.name})" for r in rungs)
-        + f". Seeds {seeds}, paired by seed and problem; intervals are t on seeds − 1 df with Holm per "
-        "family (`compare/stats.py`). With --sync-every N the policy samples a new round of N × G "
-        "mixed-reward groups every N updates from the pool's next prompts (Algorithm 1); round 0 is the "
-        "pool.",
-        "",
-    ]
-    sections = [
-        _against_offline_table(offline, rungs, data),
-        _claims_table(offline, data),
-        _steps_table(offline, data),
-        _falls_table(offline, data),
-        _rounds_table(data),
-    ]
-    return "\n".join(intro + [line for section in sections for line in section])
+def _heading(config: LadderConfig, rungs: list[Rung], seeds: list[int]) -> Section:
+    """What the ladder read: the offline compare, the rungs and their shared seeds."""
+    rung_list = ", ".join(f"`{r.folder}` ({r.name})" for r in rungs)
+    text = (
+        f"Offline compare: `{config.offline}` (every update replays the pool π0 sampled: N = U). Rungs:"
+        f" {rung_list}. Seeds {', '.join(map(str, seeds))}, paired by seed and problem; intervals are t on"
+        " seeds − 1 df with Holm per family (`compare/stats.py`). With --sync-every N the policy samples a"
+        " new round of N × G mixed-reward groups every N updates from the pool's next prompts (Algorithm 1);"
+        " round 0 is the pool."
+    )
+    return Section("heading", "# The staleness ladder", (prose(text),))
 
 
-def _against_offline_table(offline: Rung, rungs: list[Rung], data: dict) -> list[str]:
+def ladder_sections(ladder: Ladder) -> list[Section]:
+    """The ladder's tables, from ladder.json alone."""
+    return [
+        _against_offline_table(ladder),
+        _claims_table(ladder),
+        _steps_table(ladder),
+        _falls_table(ladder),
+        _rounds_table(ladder),
+    ]
+
+
+def _against_offline_table(ladder: Ladder) -> Section:
     """A row per offline method some rung trained ("—" where a rung did not)."""
-    header = ["method", "offline"] + [f"{r} (− offline [95 %])" for r in data["rungs"]]
+    header = ("method", OFFLINE, *(f"{r} (− offline [95 %])" for r in ladder.rungs))
     rows = []
-    for method in [m for m in offline.counts.methods if any(m in r.counts.methods for r in rungs)]:
-        cells = [data["against_offline"][rung].get(method) for rung in data["rungs"]]
-        offline_mean = next(cell["offline"] for cell in cells if cell is not None)
-        row = [display(method), f"{offline_mean:.2f}"]
-        row += ["—" if cell is None else f"{cell['rung']:.2f} ({cell['difference']})" for cell in cells]
-        rows.append(row)
-    return [
-        "## Each method at each N beside its offline self (test, selected checkpoint)",
-        "",
-        *markdown.table(header, rows, "l" + "r" * (len(header) - 1)),
-        "",
-    ]
+    for method in [m for m in ladder.methods if any(m in by for by in ladder.against_offline.values())]:
+        cells = [ladder.against_offline[rung].get(method) for rung in ladder.rungs]
+        offline_mean = next(cell.offline for cell in cells if cell is not None)
+        row = [display(method), number("{:.2f}", offline_mean)]
+        row += [
+            "—" if c is None else number("{:.2f}", c.rung).then(c.difference.number(), " (", ")")
+            for c in cells
+        ]
+        rows.append(tuple(row))
+    title = "## Each method at each N beside its offline self (test, selected checkpoint)"
+    return Section("against offline", title, (Table(header, tuple(rows), "l" + "r" * (len(header) - 1)),))
 
 
-def _claims_table(offline: Rung, data: dict) -> list[str]:
-    claims = data["claim_above"]
-    others = sorted({m for by in claims.values() for m in by}, key=lambda m: offline.counts.methods.index(m))
-    names = [offline.name, *data["rungs"]]
-    rows = [[name] + [claims.get(name, {}).get(m, "—") for m in others] for name in names if name in claims]
-    header = ["N"] + [f"GGPO − {display(m)}" for m in others]
-    return [
-        "## GGPO above the others at each N (test, selected checkpoint; each N one family)",
-        "",
-        *markdown.table(header, rows, "l" + "r" * len(others)),
-        "",
-    ]
+def _claims_table(ladder: Ladder) -> Section:
+    claims = ladder.claim_above
+    others = sorted({m for by in claims.values() for m in by}, key=ladder.methods.index)
+    names = [name for name in [OFFLINE, *ladder.rungs] if name in claims]
+    rows = tuple(
+        (name, *(v.number() if (v := claims[name].get(m)) else "—" for m in others)) for name in names
+    )
+    header = ("N", *(f"GGPO − {display(m)}" for m in others))
+    title = "## GGPO above the others at each N (test, selected checkpoint; each N one family)"
+    return Section("claims", title, (Table(header, rows, "l" + "r" * len(others)),))
 
 
-def _steps_table(offline: Rung, data: dict) -> list[str]:
-    steps = data["steps"]
-    methods = [m for m in offline.counts.methods if any(m in by for by in steps.values())]
-    rows = [[step] + [by.get(m, "—") for m in methods] for step, by in steps.items()]
-    return [
-        "## Each method as N grows (test, selected checkpoint: larger N − smaller; each step one family)",
-        "",
-        *markdown.table(["N", *map(display, methods)], rows, "l" + "r" * len(methods)),
-        "",
-    ]
+def _steps_table(ladder: Ladder) -> Section:
+    steps = ladder.steps
+    methods = [m for m in ladder.methods if any(m in by for by in steps.values())]
+    rows = tuple(
+        (step, *(v.number() if (v := by.get(m)) else "—" for m in methods)) for step, by in steps.items()
+    )
+    title = "## Each method as N grows (test, selected checkpoint: larger N − smaller; each step one family)"
+    return Section("steps", title, (Table(("N", *map(display, methods)), rows, "l" + "r" * len(methods)),))
 
 
-def _falls_table(offline: Rung, data: dict) -> list[str]:
-    rows = [
-        [name, display(m), f"{v['peak']:.2f}", f"{v['final']:.2f}", v["fall"]]
-        for name in [offline.name, *data["rungs"]]
-        for m, v in data["falls"][name].items()
-    ]
-    return [
-        "## The fall after the peak (validation: selected − final, paired within each run)",
-        "",
-        *markdown.table(["N", "method", "peak", "final", "peak − final [95 %]"], rows, "llrrr"),
-        "",
-    ]
+def _falls_table(ladder: Ladder) -> Section:
+    rows = tuple(
+        (name, display(m), number("{:.2f}", v.peak), number("{:.2f}", v.final), v.fall.number())
+        for name in [OFFLINE, *ladder.rungs]
+        for m, v in ladder.falls[name].items()
+    )
+    header = ("N", "method", "peak", "final", "peak − final [95 %]")
+    title = "## The fall after the peak (validation: selected − final, paired within each run)"
+    return Section("falls", title, (Table(header, rows, "llrrr"),))
 
 
-def _rounds_table(data: dict) -> list[str]:
-    found = {k for by in data["rounds"].values() for v in by.values() for k in v}
+def _rounds_table(ladder: Ladder) -> Section:
+    found = {k for by in ladder.rounds.values() for v in by.values() for k in v}
     ages = sorted((k for k in found if k.startswith(MISMATCH_K3 + "@")), key=lambda k: int(k.split("@")[1]))
-    header = ["N", "method", *ROUND_METRICS, *ages]
-    rows = [
-        [name, display(m), *("—" if k not in v else f"{v[k]:.4g}" for k in [*ROUND_METRICS, *ages])]
-        for name, by in data["rounds"].items()
+    header = ("N", "method", *ROUND_METRICS, *ages)
+    rows = tuple(
+        (name, display(m), *("—" if k not in v else number("{:.4g}", v[k]) for k in [*ROUND_METRICS, *ages]))
+        for name, by in ladder.rounds.items()
         for m, v in by.items()
-    ]
-    return [
-        "## The rounds' mismatch (every round of every seed, on the policy that sampled it)",
-        "",
-        *markdown.table(header, rows, "ll" + "r" * (len(header) - 2)),
-        "",
+    )
+    note = prose(
         f"`{MISMATCH_K3}@a`: the update's K3 between the learner and the engine's log-probs of the round it "
         "trains on, a updates after the round was sampled. Every number: `ladder.json`; each rung's own "
-        "report (frontier, matched drift, figures) is its compare's README.",
-        "",
-    ]
+        "report (frontier, matched drift, figures) is its compare's README."
+    )
+    title = "## The rounds' mismatch (every round of every seed, on the policy that sampled it)"
+    return Section("rounds", title, (Table(header, rows, "ll" + "r" * (len(header) - 2)), note))

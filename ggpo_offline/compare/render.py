@@ -16,14 +16,17 @@ from ggpo_offline.core.errors import UserError, read_versioned, replace_text
 REPORT_DATA = "report.json"
 """A report folder's run-derived sections, which `ggpo report` renders again beside recomputed scores."""
 REPORT_FORMAT = "ggpo-offline report 2"
-Kind = Literal["compare", "arc", "tuning"]
-"""``ggpo compare`` (docs/demo, docs/beyond, docs/corrections), ``arc-report`` (docs/arc) and ``tune-report``
-(docs/tuning, docs/corrections/tuning)."""
+Kind = Literal["compare", "arc", "tuning", "ladder", "regimes"]
+"""``ggpo compare`` (docs/demo, docs/beyond, docs/corrections), ``arc-report`` (docs/arc), ``tune-report``
+(docs/tuning, docs/corrections/tuning), ``ladder-report`` (docs/ladder/tiny, docs/ladder/arc) and
+``regimes-report`` (docs/regimes)."""
 
 LAYOUTS: dict[str, tuple[str, ...]] = {
     "compare": ("heading", "results", "statistics", "pool", "data plans", "runs", "settings", "reproduce"),
     "arc": ("heading", "statistics", "results", "ceilings", "ablations", "styles", "raw data"),
     "tuning": ("heading", "note", "tables"),
+    "ladder": ("heading", "against offline", "claims", "steps", "falls", "rounds"),
+    "regimes": ("heading", "conditions", "against baseline", "diagnostics"),
 }
 """Each kind's README, section names in the order shown; a name may hold several sections or none. A "note"
 is prose written into a tuning report's report.json by hand (docs/corrections/tuning), kept when rendered."""

@@ -8,6 +8,8 @@ from ggpo_offline.compare.against_ceilings import CEILINGS_FILE, read_ceilings
 from ggpo_offline.compare.arc import ABLATIONS_FILE, write_ablations
 from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
+from ggpo_offline.compare.ladder import Ladder, ladder_sections
+from ggpo_offline.compare.regimes import Regimes, regimes_sections
 from ggpo_offline.compare.render import ReportData, arc_scores, compare_scores, tuning_scores
 from ggpo_offline.compare.report import compute_report
 from ggpo_offline.compare.tuning import Sweep, tuning_tables
@@ -23,6 +25,10 @@ def rerender_report(config: RefreshConfig) -> list[Path]:
     data = ReportData.read(folder)
     if data.kind == "tuning":
         return [render.write_readme(folder, data, tuning_scores(tuning_tables(Sweep.read(folder))))]
+    if data.kind == "ladder":
+        return [render.write_readme(folder, data, ladder_sections(Ladder.read(folder)))]
+    if data.kind == "regimes":
+        return [render.write_readme(folder, data, regimes_sections(Regimes.read(folder)))]
     counts = _raw(folder, COUNTS_FILE)
     if (folder / CEILINGS_FILE).is_file() and config.ceilings is None:
         raise UserError(f"{folder} has {CEILINGS_FILE}: give --ceilings FILE to recompute it")

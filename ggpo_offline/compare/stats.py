@@ -257,10 +257,33 @@ class Judged:
 
     def number(self) -> Number:
         """E.g. "+4.10 [+1.02, +7.31] resolved"."""
-        return self.interval.number().within("", f" {self.verdict}")
+        return self.kept().number()
+
+    def kept(self) -> "Verdict":
+        return Verdict(self.interval.mean, self.interval.low, self.interval.high, self.p_holm, self.verdict)
 
     def text(self) -> str:
         return self.number().text()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A judged difference as a report's data file keeps it: the mean, its 95 % interval, the p-value Holm
+    adjusted within its family, and the verdict."""
+
+    mean: float
+    low: float
+    high: float
+    p_holm: float
+    verdict: str
+
+    @property
+    def resolved(self) -> bool:
+        return self.verdict == RESOLVED
+
+    def number(self) -> Number:
+        """E.g. "+4.10 [+1.02, +7.31] resolved"."""
+        return number("{:+.2f} [{:+.2f}, {:+.2f}] {}", self.mean, self.low, self.high, self.verdict)
 
 
 def judge(intervals: Sequence[Interval]) -> list[Judged]:
