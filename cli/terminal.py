@@ -217,11 +217,10 @@ class EvalProgress(_LazyProgress):
 
 def print_eval_report(report: "EvalReport", out=None) -> None:
     """The `eval` table: one row per benchmark and the problem-weighted suite, scores in percent."""
-    settings = report.settings
-    s = settings["sampling"]
+    s = report.settings.sampling
     title = (
-        f"{settings['model']['name']}: n={report.n}, temperature={s['temperature']}, top_p={s['top_p']}, "
-        f"top_k={s['top_k']}, max_tokens={s['max_tokens']}, seed={s['seed']}"
+        f"{report.settings.model.name}: n={report.n}, temperature={s.temperature}, top_p={s.top_p}, "
+        f"top_k={s.top_k}, max_tokens={s.max_tokens}, seed={s.seed}"
     )
     table = Table(title=title)
     table.add_column("benchmark")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ggpo_offline.evaluate.eval_report import EvalSettings, EvaluatedModel
+from ggpo_offline.generate.engines.base import SamplingSettings
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.schema import SCHEMA_VERSION
 from ggpo_offline.pool.writer import PoolWriter
@@ -268,3 +270,10 @@ def stopped_itself(job: subprocess.Popen, log: Path) -> None:
         if job.poll() is not None:
             pytest.fail(f"the run ended (exit code {job.returncode}) before it stopped: {log.read_text()}")
         time.sleep(0.05)
+
+
+def eval_settings() -> EvalSettings:
+    """The settings of an evaluation report that tests build from counts alone."""
+    model = EvaluatedModel("tiny_model", "embedded:tiny", "0" * 64)
+    engine = {"name": "hf", "version": "0"}
+    return EvalSettings(model, SamplingSettings(), None, engine, "float32", {}, 0, "0.1.0")

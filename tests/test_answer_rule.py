@@ -299,7 +299,7 @@ def test_eval_records_each_benchmarks_rule_and_scores_each_under_it(tmp_path, sc
     )
     report = evaluate(config, engine=scripted_engine)
     assert [set(b.counts.values()) for b in report.benchmarks.values()] == [{1}, {3}]
-    reward = report.settings["reward"]
+    reward = report.settings.reward
     assert reward["answer_rule_by_benchmark"] == {"arith-test": "number", "mini": "math-verify"}
     assert set(reward["answer_rules"]) == {"math-verify", "number"}
 

@@ -173,7 +173,7 @@ def test_a_written_report_reads_back_typed_and_writes_the_same_bytes():
     assert bench.pass_at_k == {1: 0.4583333333333332, 4: 0.9523809523809524, 8: 1.0}
     assert bench.counts["arith-L4-4b95582db72c"] == 5 and report.benchmarks["mini"].skipped_long_prompts == 2
     assert report.suite.num_problems == 4 and report.suite.pass_at_k[8] == 0.75
-    assert report.settings["model"]["name"] == "embedded:tiny" and report.run["seconds"] == 64.67
+    assert report.settings.model.name == "embedded:tiny" and report.run["seconds"] == 64.67
     benchmarks, suite = aggregate({name: b.counts for name, b in report.benchmarks.items()}, 8, (1, 4, 8))
     assert suite == report.suite  # the scores are those the evaluator computes from the counts
     assert benchmarks == {
@@ -181,7 +181,7 @@ def test_a_written_report_reads_back_typed_and_writes_the_same_bytes():
     }
     # Scores computed from counts alone (no dataset recorded) round-trip without those keys.
     benchmarks, suite = aggregate({"b": {"p": 1}}, 2, (1, 2))
-    alone = EvalReport(2, (1, 2), benchmarks, suite, settings={}, run={}).to_dict()
+    alone = EvalReport(2, (1, 2), benchmarks, suite, settings=report.settings, run={}).to_dict()
     assert list(alone["benchmarks"]["b"]) == ["num_problems", "mean@n", "pass@1", "pass@2", "counts"]
     assert EvalReport.from_dict(alone).to_dict() == alone
 
@@ -258,8 +258,8 @@ def test_evaluate_end_to_end_with_vllm(vllm_engine, tmp_path):
     _, suite = aggregate({k: b.counts for k, b in report.benchmarks.items()}, report.n, report.ks)
     assert suite == report.suite and report.suite.num_problems == 6
     settings = report.settings
-    assert settings["engine"]["name"] == "vllm" and len(settings["model"]["weights_sha256"]) == 64
-    assert settings["sampling"]["m"] == 4 and settings["sampling"]["max_tokens"] == 64
+    assert settings.engine["name"] == "vllm" and len(settings.model.weights_sha256) == 64
+    assert settings.sampling.m == 4 and settings.sampling.max_tokens == 64
 
     again = evaluate(replace(config, out=None), engine=vllm_engine)  # the engine was left running
     assert replace(again, run={}) == replace(report, run={})

@@ -260,5 +260,5 @@ def test_an_hf_chat_pool_trains_from_an_on_policy_update_zero_and_evaluates(
     assert bench.num_problems == 2 and len(bench.counts) == 2
     assert all(isinstance(c, int) and 0 <= c <= 4 for c in bench.counts.values())
     settings = report.settings
-    assert settings["prompt_template"]["kind"] == "chat" and settings["dtype"] == "float32"
-    assert settings["sampling"]["max_tokens"] == MAX_TOKENS
+    assert settings.prompt_template["kind"] == "chat" and settings.dtype == "float32"
+    assert settings.sampling.max_tokens == MAX_TOKENS

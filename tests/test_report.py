@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import eval_settings
 
 from ggpo_offline.compare.blocks import markdown_text
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
@@ -31,7 +32,7 @@ def _report(name: str, counts, n: int = 4, ks=(1, 4)) -> EvalReport:
 
 def _scored(counts: dict[str, dict[str, int]], n: int, ks) -> EvalReport:
     benchmarks, suite = aggregate(counts, n, ks)
-    return EvalReport(n, tuple(ks), benchmarks, suite, settings={}, run={})
+    return EvalReport(n, tuple(ks), benchmarks, suite, settings=eval_settings(), run={})
 
 
 def _record(method, seed, evals, tests=None, selected=None, drift=(), n=4) -> RunRecord:

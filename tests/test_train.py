@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import count_pool_passes, synthetic_rows, write_synthetic_pool
+from conftest import count_pool_passes, eval_settings, synthetic_rows, write_synthetic_pool
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.settings import replace_settings
@@ -548,7 +548,7 @@ def test_checkpoint_selection_reads_validation_only_and_prefers_the_earliest_bes
     from ggpo_offline.train.evaluation import selected_update
 
     def report(mean: float) -> EvalReport:
-        return EvalReport(4, (1,), {}, Scores(10, mean, {1: mean}), settings={}, run={})
+        return EvalReport(4, (1,), {}, Scores(10, mean, {1: mean}), settings=eval_settings(), run={})
 
     assert selected_update({0: report(0.3), 5: report(0.5), 10: report(0.5), 15: report(0.4)}) == 5
     assert selected_update({0: report(0.6), 5: report(0.5)}) == 0

@@ -276,7 +276,7 @@ def styles_along(
     from ggpo_offline.organism.measure import measure_styles
 
     measured: dict[str, dict] = {}
-    initial = Path(records[0].evals[0].settings["model"]["path"])  # what update 0 evaluated
+    initial = Path(records[0].evals[0].settings.model.path)  # what update 0 evaluated
     rows = [("base model", 0, initial), *_checkpoints(records)]
     engine = _styles_engine(engine_name, initial)
     try:

@@ -16,7 +16,7 @@ from ggpo_offline.core.model_io import (
 )
 from ggpo_offline.evaluate.benchmark_scores import aggregate, reported_ks
 from ggpo_offline.evaluate.config import DEFAULT_ARITH_PROBLEMS, EvalConfig
-from ggpo_offline.evaluate.eval_report import EvalReport, check_report_path
+from ggpo_offline.evaluate.eval_report import EvalReport, EvalSettings, EvaluatedModel, check_report_path
 from ggpo_offline.evaluate.generated import GeneratedText, PoolSupport
 from ggpo_offline.generate.datasets import dataset_answer_rule, load_dataset
 from ggpo_offline.generate.engines import Engine, SamplingSettings, load_engine
@@ -332,24 +332,17 @@ def _report(
             for b in benchmarks
         },
         suite=suite,
-        settings={
-            "model": {
-                "path": str(model_dir),
-                "name": model_name(model_dir),
-                "weights_sha256": weights,
-            },
-            "sampling": {
-                **sampling.as_dict(),
-                "seed_derivation": "per prompt: sha256('{seed}:{prompt_id}'), engine adds the sample index",
-            },
-            "pool": None if config.pool is None else str(config.pool),
-            "prompt_template": template_description(template),
-            "engine": {"name": described["name"], "version": described["version"]},
-            "dtype": described["dtype"],
-            "reward": reward,
-            "dataset_seed": DATASET_SEED,
-            "tool_version": __version__,
-        },
+        settings=EvalSettings(
+            model=EvaluatedModel(str(model_dir), model_name(model_dir), weights),
+            sampling=sampling,
+            pool=None if config.pool is None else str(config.pool),
+            prompt_template=template_description(template),
+            engine={"name": described["name"], "version": described["version"]},
+            dtype=described["dtype"],
+            reward=reward,
+            dataset_seed=DATASET_SEED,
+            tool_version=__version__,
+        ),
         run={
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "seconds": round(seconds, 2),
