@@ -118,18 +118,9 @@ class Learner:
         return MinibatchCounts(minibatch.token_count, **counts)
 
     def loss_on(self, inputs: LossInputs, settings: dict) -> "LossOutput":
-        """Its loss on one micro-batch: the constant log-probs it needs (`needs`) and the minibatch's counts
-        from ``inputs``, and ``settings`` (`loss_kwargs`)."""
-        references = {need: getattr(inputs, need) for need in self.needs}
-        return self.loss(
-            logp=inputs.logp,
-            mask=inputs.mask,
-            rewards=inputs.rewards,
-            group_size=inputs.group_size,
-            **inputs.counts.given(),
-            **references,
-            **settings,
-        )
+        """Its loss on one micro-batch: ``inputs`` as its loss takes them (`LossInputs.arguments`), and
+        ``settings`` (`loss_kwargs`)."""
+        return self.loss(**inputs.arguments(self.needs), **settings)
 
 
 # Colours: the paper's Figure 4 (GRPO orange, GRPO+TIS purple dashed, AGRO green, GGPO blue).

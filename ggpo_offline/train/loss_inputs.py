@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from ggpo_offline.train.minibatch import Minibatch
+
 
 @dataclass(frozen=True)
 class MinibatchCounts:
@@ -52,6 +54,27 @@ class LossInputs:
     """log π_old of the current TIS block."""
     ref_logp: "Tensor | None" = None
     """log π_ref."""
+
+    @classmethod
+    def of(
+        cls, micro: "Minibatch", logp: "Tensor", mask: "Tensor", counts: MinibatchCounts, constants: dict
+    ) -> "LossInputs":
+        """One micro-batch's inputs: its forward's ``logp``, its ``mask`` and the ``constants`` (by name)
+        on the training device; the rewards moved there beside them."""
+        return cls(
+            logp=logp,
+            mask=mask,
+            rewards=micro.rewards.to(logp.device),
+            group_size=micro.group_size,
+            counts=counts,
+            **constants,
+        )
+
+    def arguments(self, needs: tuple[str, ...]) -> dict:
+        """The keywords of a learner's loss (`ggpo_offline.train.losses`): the tensors, the minibatch's
+        counts and the constant log-probs the learner ``needs``."""
+        given = {"logp": self.logp, "mask": self.mask, "rewards": self.rewards, "group_size": self.group_size}
+        return given | self.counts.given() | {need: getattr(self, need) for need in needs}
 
 
 class MinibatchSource(Protocol):

@@ -35,7 +35,7 @@ from ggpo_offline.train.distributed import (
 )
 from ggpo_offline.train.evaluation import CheckpointEvaluations
 from ggpo_offline.train.logprobs import ResponseLogprobs
-from ggpo_offline.train.loss_inputs import LossInputs, MinibatchCounts
+from ggpo_offline.train.loss_inputs import LossInputs
 from ggpo_offline.train.losses import LossOutput, NonFiniteCoefficient
 from ggpo_offline.train.metric_names import FILTERED_FRAC
 from ggpo_offline.train.minibatch import Minibatch, MinibatchReader
@@ -249,7 +249,10 @@ class Trainer:
         this update reads must be fresh (`refresh_anchors`)."""
         micros = batch.split(self.config.micro_batch_size)
         token_count = all_sum(batch.mask.sum(), self.ranks).to(self.device)
-        counts = self.learner.prepare(_OnDevice(self, micros, token_count))
+        constants = self._update_constants()
+        counts = self.learner.prepare(
+            MinibatchOnDevice(micros, token_count, constants, self._policy_logp, self._total)
+        )
         responses = batch.num_responses * self.ranks.world
         diagnostics = StepDiagnostics(
             counts.token_count, responses, self.needs_ref, self.ranks, ages, round_mismatch
@@ -262,12 +265,12 @@ class Trainer:
                     logp, entropy = self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)
                     if isinstance(self.reference, ScoringCache):  # scored beside the forward: read when ready
                         self.reference, waited["round_reference"] = self.reference.resolved()
-                    constants = self._constants(micro, position)
-                    result = self._loss(micro, logp, mask, counts, constants)
+                    inputs = LossInputs.of(micro, logp, mask, counts, constants.of(micro, position))
+                    result = self._loss(inputs)
                     # DDP and FSDP2 average gradients over ranks; a loss normalized by the global T_tok wants
                     # their sum, the 1-process gradient.
                     (result.loss * self.ranks.world).backward()
-                ref_logp = constants.get("ref_logp")
+                ref_logp = inputs.ref_logp
                 diagnostics.add(
                     micro, logp, entropy, mask=mask, behavior_logp=behavior, ref_logp=ref_logp, loss=result
                 )
@@ -283,21 +286,8 @@ class Trainer:
         self.update += 1
         return metrics
 
-    def _loss(
-        self, micro: Minibatch, logp: Tensor, mask: Tensor, counts: MinibatchCounts, constants: dict
-    ) -> LossOutput:
-        """The learner's loss on one micro-batch, normalized by the minibatch's ``counts``
-        (`Learner.prepare`)."""
-        inputs = LossInputs(
-            logp=logp,
-            mask=mask,
-            rewards=micro.rewards.to(self.device),
-            group_size=micro.group_size,
-            counts=counts,
-            behavior_logp=constants.get("behavior_logp"),
-            old_logp=constants.get("old_logp"),
-            ref_logp=constants.get("ref_logp"),
-        )
+    def _loss(self, inputs: LossInputs) -> LossOutput:
+        """The learner's loss on one micro-batch, normalized by the minibatch's counts (`Learner.prepare`)."""
         try:
             return self.learner.loss_on(inputs, self.loss_kwargs)
         except NonFiniteCoefficient as error:
@@ -314,45 +304,68 @@ class Trainer:
                 f"(loss {loss}, grad norm {grad_norm}); stopped before writing a checkpoint"
             )
 
-    def _constants(self, micro: Minibatch, position: int) -> dict[str, torch.Tensor]:
-        """The learner's constant inputs for micro-batch ``position`` of the current update."""
-        constants = {"behavior_logp": micro.behavior_logp}
-        if self.needs_ref:
-            window = self.ref_window.get(self.update)
-            constants["ref_logp"] = self.reference.logprobs(micro) if window is None else window[position]
-        if self.needs_old:
-            constants["old_logp"] = self.old_window[self.update][position]
-        return {k: v.to(self.device) for k, v in constants.items() if k in self.learner.needs}
+    def _update_constants(self) -> "UpdateConstants":
+        """Where this update's constant log-probs come from: the refresh windows that cover it, else π_ref."""
+        ref_window = self.ref_window.get(self.update) if self.needs_ref else None
+        old_window = self.old_window[self.update] if self.needs_old else None
+        return UpdateConstants(self.learner.needs, self.device, self.reference, ref_window, old_window)
+
+    @torch.no_grad()
+    def _policy_logp(self, micro: Minibatch) -> Tensor:
+        # The loss's own forward: with the entropy, the log-probs' normaliser differs in the last bits, and a
+        # count read on π_θ must see the log-probs the loss reads.
+        return self.policy(micro, with_entropy=True, forward_tokens=self.forward_tokens)[0]
+
+    def _total(self, count: Tensor) -> Tensor:
+        return all_sum(count, self.ranks).to(self.device)
 
 
 @dataclass(frozen=True)
-class _OnDevice:
-    """One update's minibatch as its learner's `Learner.prepare` reads it (`MinibatchSource`): each
-    micro-batch's tensors on the trainer's device, the counts summed over its ranks."""
+class UpdateConstants:
+    """One update's constant log-probs, micro-batch by micro-batch, as its learner needs them: log μ from the
+    pool, log π_ref (this update's refresh window, else the reference: π0's cache or the refreshed model)
+    and log π_old (its TIS block's window)."""
 
-    trainer: Trainer
+    needs: tuple[str, ...]
+    device: torch.device
+    reference: object
+    ref_window: list[Tensor] | None
+    old_window: list[Tensor] | None
+
+    def of(self, micro: Minibatch, position: int) -> dict[str, Tensor]:
+        constants = {"behavior_logp": micro.behavior_logp}
+        if "ref_logp" in self.needs:
+            window = self.ref_window
+            constants["ref_logp"] = self.reference.logprobs(micro) if window is None else window[position]
+        if "old_logp" in self.needs:
+            constants["old_logp"] = self.old_window[position]
+        return {k: v.to(self.device) for k, v in constants.items() if k in self.needs}
+
+
+@dataclass(frozen=True)
+class MinibatchOnDevice:
+    """One update's minibatch as its learner's `Learner.prepare` reads it (`MinibatchSource`): each
+    micro-batch's mask and constant log-probs on the training device, π_θ's log-probs without gradient
+    (``policy_logp``), and a count summed over the ranks (``total``)."""
+
     micros: list[Minibatch]
     token_count: Tensor
+    constants_of: UpdateConstants
+    policy_logp_of: Callable[[Minibatch], Tensor]
+    total: Callable[[Tensor], Tensor]
 
     @property
     def micro_batches(self) -> int:
         return len(self.micros)
 
     def mask(self, position: int) -> Tensor:
-        return self.micros[position].mask.to(self.trainer.device)
+        return self.micros[position].mask.to(self.constants_of.device)
 
     def constants(self, position: int) -> dict[str, Tensor]:
-        return self.trainer._constants(self.micros[position], position)
+        return self.constants_of.of(self.micros[position], position)
 
-    @torch.no_grad()
     def policy_logp(self, position: int) -> Tensor:
-        # The loss's own forward: with the entropy, the log-probs' normaliser differs in the last bits, and a
-        # count read on π_θ must see the log-probs the loss reads.
-        micro, trainer = self.micros[position], self.trainer
-        return trainer.policy(micro, with_entropy=True, forward_tokens=trainer.forward_tokens)[0]
-
-    def total(self, count: Tensor) -> Tensor:
-        return all_sum(count, self.trainer.ranks).to(self.trainer.device)
+        return self.policy_logp_of(self.micros[position])
 
 
 def _use_threads(threads: int | None) -> None:
