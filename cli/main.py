@@ -257,9 +257,9 @@ def tune_report(settings: dict) -> None:
 @with_config_flags(RefreshConfig)
 def report(settings: dict) -> None:
     """Render a report folder's README again from its report.json and counts, with today's statistics."""
-    from ggpo_offline.compare.rerender import rerender_report
+    from ggpo_offline.compare.render_folder import render_folder
 
-    for path in rerender_report(config_from(RefreshConfig, settings)):
+    for path in render_folder(config_from(RefreshConfig, settings)):
         print(f"wrote {path}")
 
 

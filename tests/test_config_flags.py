@@ -199,7 +199,7 @@ def test_eval_config_round_trips_through_its_flags(monkeypatch, capsys):
 
 
 def test_compare_config_round_trips_through_its_flags(monkeypatch, capsys):
-    from ggpo_offline.compare import comparison, comparison_readme
+    from ggpo_offline.compare import comparison, run_sections
 
     settings = {
         "updates": 7,
@@ -220,7 +220,7 @@ def test_compare_config_round_trips_through_its_flags(monkeypatch, capsys):
     [received] = run_cli(monkeypatch, capsys, comparison, "compare", ["compare", *flags])
     # the CLI hands the training flags on as given ("1,2"); resolve_config converts them for every run
     assert replace(received, settings=normalize(TrainConfig, received.settings, "flags")) == expected
-    reproduced = comparison_readme.reproduce_command(expected, launch=True).split()[2:]
+    reproduced = run_sections.reproduce_command(expected, launch=True).split()[2:]
     assert sorted(reproduced) == sorted(flags[:-1])  # --rerun: not a setting
 
 

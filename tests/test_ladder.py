@@ -11,8 +11,8 @@ from test_cli import assert_one_error_line, ggpo_here
 from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.counts import Counts
 from ggpo_offline.compare.ladder import Ladder
+from ggpo_offline.compare.render_folder import render_folder
 from ggpo_offline.compare.report import write_diagnostics
-from ggpo_offline.compare.rerender import rerender_report
 from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_K3
 from ggpo_offline.train.run_records import RunSettings
 
@@ -154,7 +154,7 @@ def test_a_rung_that_trained_fewer_methods_is_reported_beside_the_others(tmp_pat
     assert f"| AGRO | {agro.offline:.2f} | — | {shown} |" in readme
     # The README is rendered from the data: ggpo report writes it again from ladder.json and report.json.
     (out / "README.md").write_text("# edited\n")
-    rerender_report(RefreshConfig(folder=out))
+    render_folder(RefreshConfig(folder=out))
     assert (out / "README.md").read_text() == readme
 
 

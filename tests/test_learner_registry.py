@@ -14,8 +14,8 @@ import typer
 from conftest import REPO
 
 from ggpo_offline.compare.comparison import run_configs
-from ggpo_offline.compare.comparison_readme import train_command
 from ggpo_offline.compare.config import CompareConfig
+from ggpo_offline.compare.run_sections import train_command
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.config import TrainConfig
 from ggpo_offline.train.learner_table import (

@@ -11,9 +11,9 @@ from test_ladder import SEEDS, _counts
 from ggpo_offline.compare.config import RefreshConfig
 from ggpo_offline.compare.counts import Counts
 from ggpo_offline.compare.regimes import Regimes
+from ggpo_offline.compare.render_folder import render_folder
 from ggpo_offline.compare.report import write_diagnostics
-from ggpo_offline.compare.rerender import rerender_report
-from ggpo_offline.compare.tables import display
+from ggpo_offline.compare.score_tables import display
 from ggpo_offline.train.metric_names import AGE, MISMATCH_ESS, MISMATCH_K3
 from ggpo_offline.train.run_records import RunSettings
 from ggpo_offline.train.sampler_mismatch import SamplerMismatch
@@ -87,7 +87,7 @@ def test_each_condition_sets_every_correction_against_none_with_its_measured_dos
     assert "one Holm family per condition" in readme
     # The README is rendered from the data: ggpo report writes it again from regimes.json and report.json.
     (out / "README.md").write_text("# edited\n")
-    rerender_report(RefreshConfig(folder=out))
+    render_folder(RefreshConfig(folder=out))
     assert (out / "README.md").read_text() == readme
 
 

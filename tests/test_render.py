@@ -21,8 +21,8 @@ from ggpo_offline.compare.render import (
     tuning_scores,
     write_readme,
 )
+from ggpo_offline.compare.render_folder import render_folder
 from ggpo_offline.compare.report import STATISTICS, Report
-from ggpo_offline.compare.rerender import rerender_report
 from ggpo_offline.core.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,9 +99,9 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
     from conftest import write_synthetic_pool
 
     from ggpo_offline.compare.comparison import PlannedRun, run_configs
-    from ggpo_offline.compare.comparison_readme import write_readme as write_compare_readme
     from ggpo_offline.compare.config import CompareConfig
     from ggpo_offline.compare.render import compare_scores
+    from ggpo_offline.compare.run_sections import write_readme as write_compare_readme
     from ggpo_offline.train.run_inputs import Fingerprints
     from ggpo_offline.train.sampler_mismatch import SamplerMismatch
 
@@ -184,7 +184,7 @@ def test_ggpo_report_renders_each_committed_readme_again_byte_for_byte(tmp_path,
         if (folder / derived).is_file():
             (folder / derived).write_text("stale\n")
     ceilings = CEILINGS if (committed / "ceilings.md").is_file() else None
-    written = rerender_report(RefreshConfig(folder=folder, ceilings=ceilings))
+    written = render_folder(RefreshConfig(folder=folder, ceilings=ceilings))
     assert written[0] == folder / "README.md"
     for path in committed.rglob("*"):
         if path.is_file():

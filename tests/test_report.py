@@ -499,8 +499,8 @@ def test_ggpo_report_recomputes_a_committed_report_from_its_counts(tmp_path):
     from test_cli import assert_one_error_line, ggpo_here
 
     from ggpo_offline.compare.config import RefreshConfig
+    from ggpo_offline.compare.render_folder import render_folder
     from ggpo_offline.compare.report import STATISTICS
-    from ggpo_offline.compare.rerender import rerender_report
 
     committed, folder = REPO / "docs" / "demo", tmp_path / "demo"
     shutil.copytree(committed, folder)
@@ -516,7 +516,7 @@ def test_ggpo_report_recomputes_a_committed_report_from_its_counts(tmp_path):
         ggpo_here("report", "--folder", str(folder)), "has ceilings.md: give --ceilings FILE"
     )
     assert (folder / "table.csv").read_text() == "table\n"  # refused before anything was written
-    rerender_report(RefreshConfig(folder=folder, ceilings=CEILINGS))
+    render_folder(RefreshConfig(folder=folder, ceilings=CEILINGS))
     for name in ("README.md", "table.md", "table.csv", "ceilings.md", COUNTS_FILE, "figure.png"):
         assert (folder / name).read_bytes() == (committed / name).read_bytes(), name
 

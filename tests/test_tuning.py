@@ -12,7 +12,7 @@ from test_cli import assert_one_error_line, ggpo, ggpo_here
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.blocks import markdown_text
 from ggpo_offline.compare.config import TuneConfig
-from ggpo_offline.compare.tables import rate_text
+from ggpo_offline.compare.score_tables import rate_text
 from ggpo_offline.compare.tuning import TUNING_FILE, Sweep, chosen_rates, tune_report, tuning_tables
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.learners import LEARNERS, TUNED_LR, PerLearner

@@ -9,8 +9,8 @@ import numpy as np
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.blocks import Block, Table, number, prose
 from ggpo_offline.compare.counts import BASE, SELECTED
+from ggpo_offline.compare.score_tables import display
 from ggpo_offline.compare.scores import At, Scores
-from ggpo_offline.compare.tables import display
 from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.organism.ceilings import selection_ceilings
 from ggpo_offline.organism.styles import prompt_class

@@ -24,7 +24,7 @@ from ggpo_offline.compare.finished_runs import (
 from ggpo_offline.compare.manifest import MARKER, CompareManifest
 from ggpo_offline.compare.render import ReportData, arc_scores, written_line
 from ggpo_offline.compare.report import Report, write_report
-from ggpo_offline.compare.tables import display, rate_text
+from ggpo_offline.compare.score_tables import display, rate_text
 from ggpo_offline.core.errors import UserError, replace_text, stored_format, write_json
 from ggpo_offline.generate.engines.base import EngineName
 from ggpo_offline.pool.source import read_pool_info

@@ -26,8 +26,8 @@ from pathlib import Path
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.config import RUNS_FOLDER, CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, Counts
+from ggpo_offline.compare.score_tables import end_places
 from ggpo_offline.compare.scores import Scores
-from ggpo_offline.compare.tables import end_places
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.train.profile import TRAINING_PHASES
 from ggpo_offline.train.training_presets import given_settings

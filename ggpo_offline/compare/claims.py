@@ -3,8 +3,8 @@
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.blocks import Block, prose
 from ggpo_offline.compare.counts import BASE, SELECTED
+from ggpo_offline.compare.score_tables import csv_row, display, headline, validation_declines
 from ggpo_offline.compare.scores import At, Scores
-from ggpo_offline.compare.tables import csv_row, display, headline, validation_declines
 
 FROM = (2, 5)
 """Claim (a) starts at 2/5 of the run: the paper's update 160 of 400."""

@@ -7,7 +7,6 @@ from pathlib import Path
 from ggpo_offline import __version__
 from ggpo_offline.compare.against_ceilings import CEILINGS_FILE, read_ceilings
 from ggpo_offline.compare.budget import budgeted
-from ggpo_offline.compare.comparison_readme import reproduce_command, train_command, write_readme
 from ggpo_offline.compare.config import LOGS_FOLDER, RUNS_FOLDER, SLURM_FOLDER, CompareConfig
 from ggpo_offline.compare.counts import COUNTS_FILE
 from ggpo_offline.compare.manifest import MARKER, CompareManifest, ManifestRun
@@ -21,6 +20,7 @@ from ggpo_offline.compare.report import (
     write_report,
 )
 from ggpo_offline.compare.run_jobs import TrainJob
+from ggpo_offline.compare.run_sections import reproduce_command, train_command, write_readme
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.one_writer import WRITER_LOCK, one_writer
 from ggpo_offline.core.settings import replace_settings

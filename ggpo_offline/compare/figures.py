@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ggpo_offline.compare.finished_runs import RunRecord
 from ggpo_offline.compare.frontier import plot_frontier
+from ggpo_offline.compare.score_tables import display, headline
 from ggpo_offline.compare.scores import At, Scores
-from ggpo_offline.compare.tables import display, headline
 from ggpo_offline.core.errors import replacing
 from ggpo_offline.train.learners import learner
 from ggpo_offline.train.metric_names import (

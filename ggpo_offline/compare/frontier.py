@@ -7,8 +7,8 @@ import statistics
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.blocks import Block, Table, number, prose
 from ggpo_offline.compare.claims import directional
+from ggpo_offline.compare.score_tables import MARK_NOTE, csv_row, display, headline, rank, ranked_row
 from ggpo_offline.compare.scores import At, Matched, Scores
-from ggpo_offline.compare.tables import MARK_NOTE, csv_row, display, headline, rank, ranked_row
 from ggpo_offline.train.learners import learner
 
 SHARES = (0.25, 0.5, 1.0)

@@ -17,8 +17,8 @@ from ggpo_offline.compare.config import LadderConfig
 from ggpo_offline.compare.counts import COUNTS_FILE, SELECTED, Counts
 from ggpo_offline.compare.render import ReportData
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, SYNC_EVERY
+from ggpo_offline.compare.score_tables import display
 from ggpo_offline.compare.stats import Verdict
-from ggpo_offline.compare.tables import display
 from ggpo_offline.core.errors import UserError, read_versioned, write_json
 from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_METRICS, UPDATE
 

@@ -16,8 +16,8 @@ from ggpo_offline.compare.counts import COUNTS_FILE, SELECTED, Counts
 from ggpo_offline.compare.ladder import points, seed_matrix
 from ggpo_offline.compare.render import ReportData
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE
+from ggpo_offline.compare.score_tables import display
 from ggpo_offline.compare.stats import Verdict
-from ggpo_offline.compare.tables import display
 from ggpo_offline.core.errors import UserError, read_versioned, write_json
 from ggpo_offline.train.metric_names import AGE, MISMATCH_ESS, MISMATCH_K3, SAMPLER_METRICS, UPDATE
 

@@ -13,8 +13,7 @@ from ggpo_offline.compare.counts import COUNTS_FILE, Counts
 from ggpo_offline.compare.figures import FIGURES, write_figures
 from ggpo_offline.compare.finished_runs import RunRecord, check_data_plans, load_run
 from ggpo_offline.compare.frontier import frontier_section
-from ggpo_offline.compare.scores import Scores
-from ggpo_offline.compare.tables import (
+from ggpo_offline.compare.score_tables import (
     CSV_FIELDS,
     accuracy_section,
     end_section,
@@ -23,6 +22,7 @@ from ggpo_offline.compare.tables import (
     pairwise_section,
     table5_section,
 )
+from ggpo_offline.compare.scores import Scores
 from ggpo_offline.compare.variance import variance_section
 from ggpo_offline.core.errors import replace_text, replacing
 from ggpo_offline.train.metric_names import (

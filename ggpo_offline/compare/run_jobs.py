@@ -17,7 +17,7 @@ class TrainJob:
 
     config: TrainConfig
     command: str
-    """`comparison_readme.train_command`: the run's ``ggpo train`` command."""
+    """`run_sections.train_command`: the run's ``ggpo train`` command."""
     nproc: int = 1
     parent_run_id: str | None = None
     """The compare's MLflow run, which a run trained by a worker nests under (others are adopted later)."""

@@ -14,7 +14,7 @@ from ggpo_offline.compare.config import TuneConfig
 from ggpo_offline.compare.finished_runs import points, selected, validation_counts
 from ggpo_offline.compare.render import ReportData, tuning_scores, written_line
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, RunRecord, write_diagnostics
-from ggpo_offline.compare.tables import display, rate_text
+from ggpo_offline.compare.score_tables import display, rate_text
 from ggpo_offline.core.errors import UserError, read_versioned
 from ggpo_offline.train.learners import LEARNERS
 from ggpo_offline.train.learners import SETTINGS as LEARNER_SETTINGS

@@ -4,8 +4,8 @@ import statistics
 
 from ggpo_offline.compare import stats
 from ggpo_offline.compare.blocks import Block, Table, number, prose
+from ggpo_offline.compare.score_tables import end_places
 from ggpo_offline.compare.scores import Scores
-from ggpo_offline.compare.tables import end_places
 
 COLUMNS = (
     "at", "seeds (runs)", "problems", "run × problem", "sampling", "± now", "± 2× seeds", "± 2× problems",

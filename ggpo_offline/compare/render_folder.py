@@ -16,7 +16,7 @@ from ggpo_offline.compare.tuning import Sweep, tuning_tables
 from ggpo_offline.core.errors import UserError
 
 
-def rerender_report(config: RefreshConfig) -> list[Path]:
+def render_folder(config: RefreshConfig) -> list[Path]:
     """Recompute the folder's scores from its raw counts (counts.json with ceilings and ablations.json, or
     tuning.json) into table.md, table.csv, ceilings.md and ablations.md, then render its README from them and
     report.json's sections; returns the files written. Figures and diagnostics are left as they are (they
