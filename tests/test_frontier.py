@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ggpo_offline.compare import stats
+from ggpo_offline.compare.blocks import markdown_text
 from ggpo_offline.compare.counts import Counts
 from ggpo_offline.compare.frontier import common_reach, frontier_section, matched_levels
 from ggpo_offline.compare.scores import At, Matched, Scores, crossing
@@ -73,8 +74,9 @@ def test_scores_at_matched_drift_are_the_known_interpolation():
 
 
 def test_the_matched_drift_table_and_its_csv_rows():
-    lines, rows = frontier_section(Scores(_counts()), ["grpo", "ggpo"])
-    text = "\n".join(lines)
+    blocks, rows = frontier_section(Scores(_counts()), ["grpo", "ggpo"])
+    text = markdown_text(blocks)
+    lines = text.split("\n")
     assert "### Accuracy at matched drift" in text and "(0.5)" in text  # the common reach
     table = [line for line in lines if line.startswith("| 0.")]
     assert [line.split(" | ")[0] for line in table] == ["| 0.125", "| 0.25", "| 0.5"]
