@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import synthetic_metadata, write_synthetic_pool
+from conftest import eval_settings, synthetic_metadata, write_synthetic_pool
 from test_cli import assert_one_error_line, ggpo_here
 from test_report import _record, _report, refuse_reading_back
 
@@ -30,7 +30,7 @@ from ggpo_offline.compare.finished_runs import RunRecord
 from ggpo_offline.compare.manifest import CompareManifest, ManifestRun
 from ggpo_offline.compare.report import write_tables
 from ggpo_offline.core.errors import UserError
-from ggpo_offline.evaluate.eval_report import EvalReport
+from ggpo_offline.evaluate.eval_report import EvalReport, EvaluatedModel
 from ggpo_offline.train.run_folder import RunFolder
 from ggpo_offline.train.run_records import RunSettings
 
@@ -40,7 +40,7 @@ N = 8  # samples per problem: one more correct answer is +12.5 points on that pr
 
 def _scored(report: EvalReport, model: str = BASE_MODEL) -> EvalReport:
     """An evaluation report naming the model it read, as the evaluator writes it."""
-    return replace(report, settings={"model": {"path": model}})
+    return replace(report, settings=replace(eval_settings(), model=EvaluatedModel(model, model, "0" * 64)))
 
 
 def _run(method: str, seed: int, evals: dict[int, list[int]]) -> RunRecord:

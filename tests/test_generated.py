@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import synthetic_rows, write_synthetic_pool
+from conftest import eval_settings, synthetic_rows, write_synthetic_pool
 
 from ggpo_offline.evaluate.config import EvalConfig
 from ggpo_offline.evaluate.eval_report import EvalReport
@@ -52,7 +52,8 @@ def test_a_report_with_generated_diagnostics_round_trips_and_logs_them():
     text = {
         "n": 1, "ks": [1],
         "benchmarks": {"b": {"num_problems": 2, "mean@n": 0.5, "pass@1": 0.5, "counts": {"p": 1, "q": 0}}},
-        "suite": {"num_problems": 2, "mean@n": 0.5, "pass@1": 0.5}, "settings": {}, "run": {},
+        "suite": {"num_problems": 2, "mean@n": 0.5, "pass@1": 0.5},
+        "settings": eval_settings().to_dict(), "run": {},
         "generated": {"mean_length": 3.0, "stop_rate": 1.0, "nll": 0.7, "novel_first_token": None,
                       "novel_bigram": None},
     }  # fmt: skip

@@ -102,6 +102,7 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
     from ggpo_offline.compare.config import CompareConfig
     from ggpo_offline.compare.render import compare_scores
     from ggpo_offline.compare.run_sections import write_readme as write_compare_readme
+    from ggpo_offline.train.pool_index import check_pool
     from ggpo_offline.train.run_inputs import Fingerprints
     from ggpo_offline.train.sampler_mismatch import SamplerMismatch
 
@@ -119,7 +120,7 @@ def test_compares_readme_is_its_run_sections_kept_in_report_json_and_its_scores_
     ]
     report = Report(counts=None, tables=(prose("### Tables"),), rows=(), ceilings=(prose("### Ceilings"),))
     config.report_dir.mkdir()
-    write_compare_readme(config, planned, records, {1: "plan-1"}, None, report)
+    write_compare_readme(config, check_pool(pool), planned, records, {1: "plan-1"}, None, report)
     data = ReportData.read(config.report_dir)
     names = ["heading", "pool", "data plans", "runs", "settings", "settings", "reproduce"]
     assert data.kind == "compare" and [s.name for s in data.sections] == names

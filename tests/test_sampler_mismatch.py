@@ -14,7 +14,7 @@ from ggpo_offline.core.model_io import initial_model_dir, load_tokenizer
 from ggpo_offline.generate.engines import SamplingSettings
 from ggpo_offline.generate.pipeline import generate_pool
 from ggpo_offline.generate.resample import prompt_source
-from ggpo_offline.pool.source import read_pool_info
+from ggpo_offline.pool.source import open_pool, read_pool_info
 from ggpo_offline.train.logprobs import response_logprobs
 from ggpo_offline.train.metric_names import SAMPLER_METRICS
 from ggpo_offline.train.minibatch import MinibatchReader
@@ -119,7 +119,7 @@ def test_a_run_logs_its_pools_mismatch_at_update_0_and_its_rounds_keep_the_dose(
     assert metrics[0]["mismatch/drift"] > 1e-4  # the first minibatch shows the dose too
     assert not any(name in metrics[1] for name in SAMPLER_METRICS)
 
-    source = prompt_source(pools["dose"], read_pool_info(pools["dose"]), None)
+    source = prompt_source(open_pool(pools["dose"]), None)
     assert source.settings["learner_temperature"] == 1.0 and source.settings["temperature"] == 0.7
 
 

@@ -240,7 +240,7 @@ def _compare(ready: ComparePlan, report: OnState) -> CompareResult | Submitted:
             _adopt_children(shared, parent.run_id, records)
         ceilings = read_ceilings(config.ceilings)
         report_data = write_report(records, list(config.methods), list(config.seeds), report_dir, ceilings)
-        write_readme(config, planned, records, data_plans, parent.run_id, report_data)
+        write_readme(config, ready.pool, planned, records, data_plans, parent.run_id, report_data)
         _write_marker(report_dir, config, planned, status="finished", data_plans=data_plans)
         written = ("table.md", "table.csv", COUNTS_FILE, DIAGNOSTICS_FILE, "README.md", MARKER, *FIGURES)
         for name in (*written, CEILINGS_FILE) if report_data.ceilings else written:

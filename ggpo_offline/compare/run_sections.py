@@ -15,6 +15,7 @@ from ggpo_offline.jobs.config import LaunchConfig
 from ggpo_offline.pool.inspect import pool_summary
 from ggpo_offline.train.config import PER_RUN, TrainConfig
 from ggpo_offline.train.metric_names import SAMPLER_FIELDS, SAMPLER_METRICS
+from ggpo_offline.train.pool_index import CheckedPool
 from ggpo_offline.train.training_presets import given_settings
 
 LAUNCH_SETTINGS = ("jobs", "nproc", *(name for name in leaves(LaunchConfig)))
@@ -48,6 +49,7 @@ def train_command(run: TrainConfig, config: CompareConfig) -> str:
 
 def write_readme(
     config: CompareConfig,
+    pool: CheckedPool,
     planned,
     records: list[RunRecord],
     data_plans: dict[int, str],
@@ -55,12 +57,12 @@ def write_readme(
     report: Report,
 ) -> None:
     """The report's README (`render`): what was compared, the results (``report``, as computed), the
-    statistics, then the sections the runs give, kept in report.json: the pool, the data plans, the runs,
-    their settings and the commands that reproduce it. ``planned``: compare's PlannedRun of each run, as
-    ``records`` are ordered."""
+    statistics, then the sections the runs give, kept in report.json: the pool (``pool``, as compare read
+    it), the data plans, the runs, their settings and the commands that reproduce it. ``planned``: compare's
+    PlannedRun of each run, as ``records`` are ordered."""
     sections = [
         _heading(config),
-        _pool(config, planned[0].fingerprints.pool_fingerprint, records),
+        _pool(config, pool, planned[0].fingerprints.pool_fingerprint, records),
         _data_plans(data_plans, records),
         _runs(planned, records, parent_run_id),
         *_settings([run.config for run in planned]),
@@ -84,8 +86,8 @@ def _heading(config: CompareConfig) -> Section:
     )
 
 
-def _pool(config: CompareConfig, fingerprint: str, records: list[RunRecord]) -> Section:
-    summary = pool_summary(Path(config.pool))
+def _pool(config: CompareConfig, pool: CheckedPool, fingerprint: str, records: list[RunRecord]) -> Section:
+    summary = pool_summary(pool.source)
     info = summary.info
     lines = (
         f"- file: `{config.pool}`",

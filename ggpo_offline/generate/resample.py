@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.core.remote import RemoteWorker
@@ -17,7 +16,7 @@ from ggpo_offline.generate.config import DEFAULT_ARITH_PROMPTS, GenerateConfig
 from ggpo_offline.generate.engines.base import SamplingSettings
 from ggpo_offline.pool.info import PoolInfo
 from ggpo_offline.pool.partial import stored_settings
-from ggpo_offline.pool.source import open_pool
+from ggpo_offline.pool.source import PoolSource
 
 ROUND_SETTINGS_LEFT_OUT = (
     "model", "policy_version", "num_prompts", "first_prompt", "keep_groups", "mixed_only", "out", "overwrite",
@@ -120,9 +119,10 @@ class PromptSource:
             )
 
 
-def prompt_source(pool: Path, info: PoolInfo, dataset: str | None) -> PromptSource:
-    """The prompt source of ``pool`` (footer ``info``), or of ``dataset`` (--sync-dataset) with the pool's
-    sampling settings; refused when the pool records no dataset to sample again (an import)."""
+def prompt_source(pool: PoolSource, dataset: str | None) -> PromptSource:
+    """The prompt source of ``pool``, or of ``dataset`` (--sync-dataset) with the pool's sampling settings;
+    refused when the pool records no dataset to sample again (an import)."""
+    info = pool.info
     recorded = info.config or {}
     sampling = {f.name: getattr(info.sampling, f.name) for f in dataclasses.fields(SamplingSettings)}
     sampling["learner_temperature"] = info.sampling.learner_temperature  # a round keeps the pool's mismatch
@@ -137,19 +137,19 @@ def prompt_source(pool: Path, info: PoolInfo, dataset: str | None) -> PromptSour
         return PromptSource({**settings, "dataset": dataset}, 0, rate)
     if "dataset" not in recorded:
         raise UserError(
-            f"{pool} records no dataset to sample rounds from (dataset {info.dataset.spec}): give its "
+            f"{pool.path} records no dataset to sample rounds from (dataset {info.dataset.spec}): give its "
             "prompts with --sync-dataset"
         )
     return PromptSource(settings, _next_prompt(pool, info, recorded), rate)
 
 
-def _next_prompt(pool: Path, info: PoolInfo, recorded: dict) -> int:
+def _next_prompt(pool: PoolSource, info: PoolInfo, recorded: dict) -> int:
     """The dataset position after the pool's last prompt: after its last group when it stopped at
     --keep-groups, else after every prompt it loaded."""
     if recorded.get("keep_groups") is None:
         loaded = info.dataset.other.get("num_problems")
         return loaded if loaded is not None else recorded.get("num_prompts") or DEFAULT_ARITH_PROMPTS
-    ids = [pq.read_table(f, columns=["group_id"]).column("group_id") for f in open_pool(pool).files]
+    ids = [parquet.read(columns=["group_id"]).column("group_id") for parquet in pool.row_groups.parquets]
     return max(pc.max(column).as_py() for column in ids) + 1
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import polars as pl
 
 from ggpo_offline.pool.info import PoolInfo
-from ggpo_offline.pool.source import open_pool
+from ggpo_offline.pool.source import PoolSource, open_pool
 
 LENGTH_PERCENTILES = (0.1, 0.5, 0.9, 0.99)
 
@@ -40,10 +40,10 @@ class PoolSummary:
     """The footer."""
 
 
-def pool_summary(path: Path | str) -> PoolSummary:
-    """The numbers ``ggpo pool inspect`` prints, computed lazily by polars without loading the pool."""
-    path = Path(path)
-    source = open_pool(path)  # a file or a shard directory
+def pool_summary(pool: Path | str | PoolSource) -> PoolSummary:
+    """The numbers ``ggpo pool inspect`` prints, computed lazily by polars without loading the pool (a file
+    or a shard directory, or one already opened)."""
+    source = pool if isinstance(pool, PoolSource) else open_pool(pool)
     rows = pl.scan_parquet(source.files).select(
         pl.col("group_id"),
         pl.col("reward"),
@@ -79,4 +79,4 @@ def pool_summary(path: Path | str) -> PoolSummary:
         .row(0, named=True)
     )
     mixed_frac = groups["mixed_groups"] / groups["groups"] if groups["groups"] else 0.0
-    return PoolSummary(path=str(path), **groups, **totals, mixed_frac=mixed_frac, info=source.info)
+    return PoolSummary(path=str(source.path), **groups, **totals, mixed_frac=mixed_frac, info=source.info)

@@ -1,6 +1,7 @@
 """Resolve a pool given as one Parquet file or as a directory of shard files written by sharded runs."""
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 from ggpo_offline.core.errors import UserError
@@ -47,6 +48,15 @@ class PoolSource:
     def info(self) -> PoolInfo:
         """The footer as its typed record."""
         return PoolInfo.from_metadata(self.metadata)
+
+    @cached_property
+    def row_groups(self) -> "RowGroups":
+        """Its files, opened at their first read: every reader of the pool in one command shares them."""
+        return RowGroups(self.files)
+
+    @property
+    def rows(self) -> int:
+        return sum(parquet.metadata.num_rows for parquet in self.row_groups.parquets)
 
 
 def shard_files(directory: Path) -> list[Path]:

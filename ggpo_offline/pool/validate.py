@@ -9,8 +9,8 @@ import pyarrow.compute as pc
 
 from ggpo_offline.core.errors import UserError, one_line
 from ggpo_offline.pool.info import PoolInfo
-from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION, open_parquet
-from ggpo_offline.pool.source import open_pool, read_pool_info
+from ggpo_offline.pool.schema import POOL_SCHEMA, SCHEMA_VERSION
+from ggpo_offline.pool.source import PoolSource, open_pool
 
 FINISH_REASONS = ("stop", "length")
 
@@ -30,6 +30,8 @@ class ValidationReport:
     tokens: int
     info: PoolInfo
     """The pool's metadata, which validation checked."""
+    source: PoolSource
+    """The pool as validation opened it, for the command to read on (`PoolSource.row_groups`)."""
 
     def summary(self) -> str:
         return (
@@ -181,12 +183,13 @@ def validate_pool(path: Path | str, batch_size: int = 8192) -> ValidationReport:
         return validate_shards(path, batch_size)
     if not path.is_file():
         raise PoolInvalid(f"{path}: no such pool file or directory")
-    info = read_pool_info(path)
+    source = open_pool(path)
+    info = source.info
     _check_metadata(path, info)
     m = info.sampling.m
     rows = tokens = 0
     try:
-        parquet = open_parquet(path)
+        (parquet,) = source.row_groups.parquets
         _check_schema(path, parquet.schema_arrow)
         tracker = _GroupTracker(path, m)
         for batch in parquet.iter_batches(batch_size=batch_size, columns=POOL_SCHEMA.names):
@@ -208,7 +211,7 @@ def validate_pool(path: Path | str, batch_size: int = 8192) -> ValidationReport:
     if rows == 0:
         raise PoolInvalid(f"{path}: the pool has no rows")
     groups = tracker.finish(rows)
-    return ValidationReport(path=path, rows=rows, groups=groups, group_size=m, tokens=tokens, info=info)
+    return ValidationReport(path, rows, groups, m, tokens, info, source)
 
 
 def validate_shards(path: Path, batch_size: int = 8192) -> ValidationReport:
@@ -220,8 +223,9 @@ def validate_shards(path: Path, batch_size: int = 8192) -> ValidationReport:
         raise PoolInvalid(str(exc)) from None
     reports = [validate_pool(file, batch_size) for file in source.files]
     seen: dict[int, str] = {}
-    for file in source.files:
-        ids = pc.unique(open_parquet(file).read(columns=["group_id"]).column("group_id")).to_numpy()
+    for file, report in zip(source.files, reports, strict=True):
+        (parquet,) = report.source.row_groups.parquets
+        ids = pc.unique(parquet.read(columns=["group_id"]).column("group_id")).to_numpy()
         if seen and (clash := np.intersect1d(ids, np.fromiter(seen, dtype=np.int64))).size:
             gid = int(clash[0])
             raise PoolInvalid(f"{path}: group {gid} appears in two shards ({seen[gid]} and {file.name})")
@@ -233,4 +237,5 @@ def validate_shards(path: Path, batch_size: int = 8192) -> ValidationReport:
         group_size=reports[0].group_size,
         tokens=sum(r.tokens for r in reports),
         info=source.info,
+        source=source,
     )

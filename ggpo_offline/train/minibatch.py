@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from ggpo_offline.pool.source import RowGroups, open_pool
+from ggpo_offline.pool.source import PoolSource, open_pool
 from ggpo_offline.train.pool_index import PoolIndex
 
 
@@ -80,8 +80,9 @@ COLUMNS = [
 class MinibatchReader:
     """Loads the rows of planned groups, reading only the Parquet row groups that hold them."""
 
-    def __init__(self, path: Path, index: PoolIndex, pad_id: int):
-        self.row_groups = RowGroups(open_pool(path).files)  # a file or a shard directory
+    def __init__(self, pool: Path | PoolSource, index: PoolIndex, pad_id: int):
+        source = pool if isinstance(pool, PoolSource) else open_pool(pool)  # a file or a shard directory
+        self.row_groups = source.row_groups
         self.index = index
         self.pad_id = pad_id
 

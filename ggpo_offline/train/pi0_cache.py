@@ -106,6 +106,7 @@ def score_pool(
         return Pi0Cache(target, key)
     index = pool.index
     tokenizer = load_tokenizer(model_dir)
+    # Its own opening: this may run in a thread beside the training that reads the pool's shared one.
     reader = MinibatchReader(pool.path, index, pad_id=tokenizer.pad_token_id or 0)
     model = scoring_model(model_dir, device, sharded) if model is None else model
     groups = index.mixed_group_ids.tolist()

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from ggpo_offline.core.errors import UserError
 from ggpo_offline.pool.info import PoolInfo, PoolSampling
-from ggpo_offline.pool.source import RowGroups, open_pool
+from ggpo_offline.pool.source import PoolSource, open_pool
 from ggpo_offline.pool.validate import validate_pool
 
 
@@ -28,16 +27,16 @@ class PoolIndex:
     rows: int
 
 
-def index_pool(path: Path) -> PoolIndex:
+def index_pool(pool: Path | PoolSource) -> PoolIndex:
     """Stream ``group_id`` and ``reward`` row group by row group and keep the mixed-reward groups.
 
-    ``path`` is a pool file or a shard directory; row groups are numbered across its files (see
-    ``RowGroups``). A directory's mixed groups are listed by ascending group id, the order of the file
-    ``ggpo pool merge`` writes from it, so both plan the same minibatches.
+    ``pool`` is a pool file or a shard directory, or one opened (`open_pool`); row groups are numbered
+    across its files (see ``RowGroups``). A directory's mixed groups are listed by ascending group id, the
+    order of the file ``ggpo pool merge`` writes from it, so both plan the same minibatches.
     """
-    source = open_pool(path)
+    source = pool if isinstance(pool, PoolSource) else open_pool(pool)
     m = source.info.sampling.m
-    row_group_reader = RowGroups(source.files)
+    row_group_reader = source.row_groups
     mixed: list[int] = []
     row_groups_of: dict[int, tuple[int, ...]] = {}
     total = rows = 0
@@ -89,14 +88,13 @@ def data_order_fingerprint(plan: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(plan, dtype="<i8").tobytes()).hexdigest()
 
 
-def pool_fingerprint(path: Path) -> str:
+def pool_fingerprint(pool: Path | PoolSource) -> str:
     """sha256 of the pool metadata and its row count (identifies the data, not the file bytes).
 
     A shard directory and the file ``ggpo pool merge`` writes from it have the same fingerprint."""
-    source = open_pool(path)
-    meta = source.metadata
-    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in source.files)
-    return hashlib.sha256(json.dumps({"metadata": meta, "rows": rows}, sort_keys=True).encode()).hexdigest()
+    source = pool if isinstance(pool, PoolSource) else open_pool(pool)
+    found = {"metadata": source.metadata, "rows": source.rows}
+    return hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -108,13 +106,16 @@ class CheckedPool:
     index: PoolIndex
     fingerprint: str
     """`pool_fingerprint`."""
+    source: PoolSource
+    """The pool opened, which the run's minibatches are read from."""
 
 
 def check_pool(path: Path | str) -> CheckedPool:
-    """Validate the pool (`validate_pool`: one line naming the first problem), index and fingerprint it."""
+    """Validate the pool (`validate_pool`: one line naming the first problem), index and fingerprint it,
+    all on the one opening that validation made."""
     path = Path(path)
-    info = validate_pool(path).info
-    return CheckedPool(path, info, index_pool(path), pool_fingerprint(path))
+    source = validate_pool(path).source
+    return CheckedPool(path, source.info, index_pool(source), pool_fingerprint(source), source)
 
 
 def _setting(pool: Path, sampling: PoolSampling, key: str, default: float) -> float:

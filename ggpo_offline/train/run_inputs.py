@@ -166,7 +166,7 @@ def rounds_source(config: TrainConfig, pool: CheckedPool) -> "PromptSource | Non
             )
     from ggpo_offline.generate.resample import prompt_source
 
-    source = prompt_source(pool.path, pool.info, config.sync_dataset)
+    source = prompt_source(pool.source, config.sync_dataset)
     source.check_prompts_left(sum(schedule.sampled_groups(i, G) for i in range(1, len(schedule.starts))))
     return source
 

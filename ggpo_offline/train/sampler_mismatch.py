@@ -88,7 +88,7 @@ def pool_mismatch(pool: "CheckedPool", cache: "Pi0Cache") -> SamplerMismatch:
     from ggpo_offline.train.minibatch import MinibatchReader
     from ggpo_offline.train.pi0_cache import GROUPS_PER_PASS
 
-    reader = MinibatchReader(pool.path, pool.index, pad_id=0)
+    reader = MinibatchReader(pool.source, pool.index, pad_id=0)
     groups = pool.index.mixed_group_ids.tolist()
     passes = []
     for start in range(0, len(groups), GROUPS_PER_PASS):

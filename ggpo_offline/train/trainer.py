@@ -79,7 +79,7 @@ class PlannedMinibatches:
     ) -> None:
         """Serve updates ``start`` .. ``start + len(plan) - 1`` from ``pool``; ``behavior``: log-probs that
         take the pool's behavior log-probs' place (--behavior-logprobs learner)."""
-        self.reader = MinibatchReader(pool.path, pool.index, pad_id=self.pad_id)
+        self.reader = MinibatchReader(pool.source, pool.index, pad_id=self.pad_id)
         self.plan, self.start, self.behavior = plan, start, behavior
 
     @property
