@@ -5,7 +5,7 @@ the compares' committed files alone (counts.json and diagnostics.csv), not their
 
 import itertools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from ggpo_offline.compare.render import ReportData
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE, SYNC_EVERY
 from ggpo_offline.compare.score_tables import display
 from ggpo_offline.compare.stats import Verdict
-from ggpo_offline.core.errors import UserError, read_versioned, write_json
+from ggpo_offline.core.errors import UserError, read_versioned, write_versioned
 from ggpo_offline.train.metric_names import MISMATCH_K3, ROUND_INDEX, ROUND_METRICS, UPDATE
 
 LADDER_FILE = "ladder.json"
@@ -108,7 +108,7 @@ class Ladder:
     """rung -> method -> the rounds' diagnostics and K3 by the update's place in its round."""
 
     def write(self, folder: Path) -> None:
-        write_json({"format": LADDER_FORMAT, **asdict(self)}, folder / LADDER_FILE)
+        write_versioned(self, LADDER_FORMAT, folder / LADDER_FILE)
 
     @classmethod
     def read(cls, folder: Path) -> "Ladder":

@@ -4,7 +4,7 @@ baseline) within its condition, one Holm family per condition ("does any correct
 each condition's measured mismatch and lag, and each method's ESS and masked share there; read from the
 compares' committed files alone (counts.json and diagnostics.csv), not their runs."""
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -18,7 +18,7 @@ from ggpo_offline.compare.render import ReportData
 from ggpo_offline.compare.report import DIAGNOSTICS_FILE
 from ggpo_offline.compare.score_tables import display
 from ggpo_offline.compare.stats import Verdict
-from ggpo_offline.core.errors import UserError, read_versioned, write_json
+from ggpo_offline.core.errors import UserError, read_versioned, write_versioned
 from ggpo_offline.train.metric_names import AGE, MISMATCH_ESS, MISMATCH_K3, SAMPLER_METRICS, UPDATE
 
 REGIMES_FILE = "regimes.json"
@@ -92,7 +92,7 @@ class Regimes:
     conditions: dict[str, Measured]
 
     def write(self, folder: Path) -> None:
-        write_json({"format": REGIMES_FORMAT, **asdict(self)}, folder / REGIMES_FILE)
+        write_versioned(self, REGIMES_FORMAT, folder / REGIMES_FILE)
 
     @classmethod
     def read(cls, folder: Path) -> "Regimes":

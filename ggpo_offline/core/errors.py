@@ -5,6 +5,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 
@@ -62,6 +63,11 @@ def replace_text(path: Path | str, text: str) -> None:
 def write_json(data: dict, path: Path) -> None:
     """``data`` as indented JSON (`replace_text`)."""
     replace_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_versioned(record: object, format: str, path: Path) -> None:
+    """``record`` (a dataclass) as indented JSON led by its ``format``, for `read_versioned` to check."""
+    write_json({"format": format, **asdict(record)}, path)
 
 
 def read_versioned(path: Path, readable: tuple, missing: str) -> dict:
