@@ -128,7 +128,7 @@ def regimes_report(config: RegimesConfig) -> Path:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     regimes.write(out)
-    render.write_readme(out, ReportData("regimes", (_heading(regimes),)), regimes_sections(regimes))
+    render.write_readme(out, ReportData("regimes", ()), regimes_sections(regimes))
     return out
 
 
@@ -185,11 +185,12 @@ def _heading(regimes: Regimes) -> Section:
 
 
 def regimes_sections(regimes: Regimes) -> list[Section]:
-    """The report's tables, from regimes.json alone."""
+    """The whole README, heading and tables, from regimes.json alone (its report.json holds no section)."""
     baseline, by = display(regimes.baseline), regimes.conditions
     against = f"## Each method against {baseline} (test, selected checkpoint; each condition one family)"
     note = "Every number: `regimes.json`; each condition's own report is its compare's README."
     return [
+        _heading(regimes),
         Section(
             "conditions", "## The conditions, as their runs measured them", (_conditions_table(by, baseline),)
         ),

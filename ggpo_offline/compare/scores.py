@@ -67,9 +67,6 @@ class Cell:
             return number("{:.2f}", self.mean)
         return number("{:.2f} ± {:.2f}", self.mean, self.std)
 
-    def text(self) -> str:
-        return self.number().text()
-
 
 Term = tuple[int, str, At]
 """(sign, method, where): one side of a contrast."""
